@@ -1,0 +1,1 @@
+"""FastAPI service answering SRE incident queries from ClickHouse."""

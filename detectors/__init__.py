@@ -1,0 +1,1 @@
+"""Pure detection algorithms (numpy, river): no Kafka, ClickHouse or I/O."""

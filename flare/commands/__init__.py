@@ -1,0 +1,1 @@
+"""One module per `flare` subcommand; each exposes `register(app)`."""

@@ -1,0 +1,39 @@
+"""The one settings object, read from `FLARE_*` environment variables at the edges.
+
+Built once by the CLI command or the app's lifespan and passed down; nothing reads the
+environment deeper in the code.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class DetectorSettings(BaseSettings):
+    """Knobs of the detection core; defaults are the ones ACCURACY.md was measured with."""
+
+    model_config = SettingsConfigDict(env_prefix="FLARE_DETECT_", extra="ignore")
+
+    grace_s: float = Field(5.0, description="wait this long for missing ranks of a step")
+    window: int = Field(50, description="normal steps in the δ baseline")
+    delta: float = Field(1.1, description="δ: a step this many times the normal is irregular")
+    hang_timeout_s: float = Field(10.0, description="an op in flight longer than this is hung")
+    resolve_after: int = Field(10, description="quiet steps before an incident resolves")
+
+
+class Settings(BaseSettings):
+    """Process settings: where the broker and ClickHouse are, and how to run."""
+
+    model_config = SettingsConfigDict(env_prefix="FLARE_", extra="ignore")
+
+    kafka_bootstrap: str = Field("", description="host:port of Kafka; empty: start tansu")
+    kafka_port: int = Field(19092, description="port of the local tansu broker")
+    partitions: int = Field(4, description="partitions of each flare topic")
+    clickhouse_url: str = Field("chdb:///./data/chdb", description="chdb:///path or http(s)://")
+    clickhouse_password: SecretStr = Field(SecretStr(""), description="ClickHouse password")
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    group_id: str = "flare-worker"
+    max_message_bytes: int = 8 * 1024 * 1024
+    log_level: str = "warn"

@@ -1,0 +1,1 @@
+"""ClickHouse DDL and deployment assets, shipped as package data."""

@@ -1,0 +1,1 @@
+"""Event sources: the torch.distributed hook and node daemon, the Kineto replayer, the simulator."""

@@ -1,0 +1,142 @@
+"""msgspec models of every v1 topic (DESIGN §3).
+
+These are the validating decoders of the worker and the source of the checked-in JSON Schema
+files; producers may build plain dicts, the worker accepts exactly these shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+NonNeg = Annotated[int, msgspec.Meta(ge=0)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+OpKind = Literal["compute", "coll", "p2p"]
+IncidentKind = Literal["gpu", "node", "host", "link", "switch", "hang", "job"]
+
+
+class Coords(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):
+    """Position of a rank in each parallel dimension, when the producer knows it."""
+
+    tp: NonNeg | None = None
+    pp: NonNeg | None = None
+    dp: NonNeg | None = None
+    ep: NonNeg | None = None
+    cp: NonNeg | None = None
+
+
+class Ops(msgspec.Struct):
+    """Columnar ops of one rank-step: equal-length arrays, one entry per op."""
+
+    kind: list[OpKind]
+    name: list[str]
+    group: list[str]
+    seq: list[int]
+    start_ns: list[int]
+    dur_ns: list[int]
+    bytes: list[int]
+
+
+class StepsV1(msgspec.Struct):
+    """`flare.steps.v1`: one message per rank per training step."""
+
+    v: Literal[1]
+    job: Name
+    rank: NonNeg
+    node: Name
+    step: NonNeg
+    t_start_ns: int
+    t_end_ns: int
+    ops: Ops
+    local_rank: NonNeg = 0
+    coords: Coords | None = None
+
+
+class InflightOp(msgspec.Struct):
+    group: str
+    name: str
+    seq: int
+    start_ns: int
+
+
+class HeartbeatV1(msgspec.Struct):
+    """`flare.heartbeats.v1`: about every second per rank; ops in flight tell a hang."""
+
+    v: Literal[1]
+    job: Name
+    rank: NonNeg
+    node: Name
+    ts_ns: int
+    step: NonNeg
+    inflight: list[InflightOp] = []
+
+
+class Layout(msgspec.Struct, omit_defaults=True):
+    tp: NonNeg | None = None
+    pp: NonNeg | None = None
+    dp: NonNeg | None = None
+    ep: NonNeg | None = None
+
+
+class NodeInfo(msgspec.Struct):
+    node: Name
+    switch: str | None = None
+
+
+class JobV1(msgspec.Struct, omit_defaults=True):
+    """`flare.jobs.v1`: job start (with layout and optional topology) or end."""
+
+    v: Literal[1]
+    job: Name
+    event: Literal["start", "end"]
+    ts_ns: int
+    world_size: NonNeg | None = None
+    layout: Layout | None = None
+    nodes: list[NodeInfo] | None = None
+
+
+class Suspect(msgspec.Struct):
+    entity: str
+    confidence: float
+
+
+class IncidentV1(msgspec.Struct):
+    """Incident v1: the Kafka value, the API resource and the ClickHouse row."""
+
+    v: Literal[1]
+    id: str
+    job: str
+    status: Literal["open", "resolved"]
+    kind: IncidentKind
+    culprit: str
+    suspects: list[Suspect]
+    onset_step: int
+    opened_step: int
+    opened_ts_ns: int
+    last_step: int
+    resolved_step: int | None
+    slowdown: float
+    lost_gpu_seconds: float
+    evidence_steps: int
+    summary: str
+
+
+class DeadLetterV1(msgspec.Struct):
+    """`flare.deadletter.v1`: an input that could not be used, with the reason."""
+
+    v: Literal[1]
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+    payload_b64: str
+
+
+TOPIC_MODELS: dict[str, type[msgspec.Struct]] = {
+    "flare.steps.v1": StepsV1,
+    "flare.heartbeats.v1": HeartbeatV1,
+    "flare.jobs.v1": JobV1,
+    "flare.incidents.v1": IncidentV1,
+    "flare.deadletter.v1": DeadLetterV1,
+}

@@ -1,0 +1,1 @@
+"""The always-on stream worker: Kafka in, detectors, ClickHouse and incidents out."""
