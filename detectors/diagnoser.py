@@ -8,11 +8,25 @@ when messages stop), never the wall clock.
 
 from __future__ import annotations
 
+import numpy as np
+
+from flare.detectors.assembly import StepAssembler
+from flare.detectors.evidence import EvidenceTracker, Track
+from flare.detectors.explain import summarize
+from flare.detectors.features import StepFeatures, step_features
 from flare.detectors.frame import StepFrame
-from flare.detectors.report import DiagnoserOutput
-from flare.schemas.rankstep import RankStep
-from flare.schemas.wire import HeartbeatV1, JobV1
+from flare.detectors.hang import HangDetector
+from flare.detectors.incidents import IncidentBook, OpenIncident
+from flare.detectors.irregularity import StepTimeBaseline
+from flare.detectors.report import DiagnoserOutput, Detection, StepReport
+from flare.detectors.rows import group_rows, rank_rows
+from flare.detectors.suspects import Topology, compute_ratio, step_suspects, transfer_reference
+from flare.schemas.rankstep import COMPUTE, RankStep
+from flare.schemas.wire import HeartbeatV1, IncidentV1, JobV1, Suspect
 from flare.settings import DetectorSettings
+
+_NS = 1_000_000_000
+_MEMBERSHIP_EVERY = 10  # relearn group membership every N steps (it rarely changes)
 
 
 class JobDiagnoser:
@@ -20,28 +34,227 @@ class JobDiagnoser:
 
     def __init__(self, job: str, settings: DetectorSettings | None = None) -> None:
         self.job = job
-        self.settings = settings or DetectorSettings()
+        self.settings = s = settings or DetectorSettings()
+        self.assembler = StepAssembler(job, grace_s=s.grace_s)
+        self.baseline = StepTimeBaseline(window=s.window, delta=s.delta)
+        self.tracker = EvidenceTracker()
+        self.book = IncidentBook(job, resolve_after=s.resolve_after)
+        self.hang = HangDetector(timeout_s=s.hang_timeout_s)
+        self.topology = Topology()
+        self.now_ns = 0
+        self.steps_seen = 0
+        self.world = 0
+        self._onset_baseline: dict[tuple[str, str], float] = {}
 
+    # ---- inputs ---------------------------------------------------------------------------
     def on_steps(self, msg: RankStep) -> DiagnoserOutput:
         """One rank-step message; returns the reports of any steps it completed."""
-        raise NotImplementedError
+        self.now_ns = max(self.now_ns, msg.t_end_ns)
+        out = DiagnoserOutput()
+        hang = self._hang_incident()
+        if hang is not None and hang.culprit == f"rank:{msg.rank}" and msg.step >= hang.onset_step:
+            out.incidents.append(self._resolve(hang, msg.step))
+        for frame in self.assembler.add(msg, self.now_ns):
+            out.extend(self.on_frame(frame))
+        return out
 
     def on_heartbeat(self, hb: HeartbeatV1) -> DiagnoserOutput:
         """One heartbeat; advances stream time, so it may complete steps or open a hang."""
-        raise NotImplementedError
+        self.hang.observe(hb)
+        return self.tick(hb.ts_ns)
 
     def on_job(self, ev: JobV1) -> DiagnoserOutput:
         """A job start (layout, topology) or end (flushes pending steps)."""
-        raise NotImplementedError
-
-    def on_frame(self, frame: StepFrame) -> DiagnoserOutput:
-        """An already assembled step (the simulator's fast path)."""
-        raise NotImplementedError
+        if ev.event == "start":
+            if ev.world_size:
+                self.assembler.world_size = ev.world_size
+                self.world = ev.world_size
+            if ev.nodes:
+                self.topology.switch_of = {n.node: n.switch for n in ev.nodes if n.switch}
+            self.now_ns = max(self.now_ns, ev.ts_ns)
+            return DiagnoserOutput()
+        out = self.flush()
+        for inc in list(self.book.open.values()):
+            out.incidents.append(self._resolve(inc, inc.last_step))
+        return out
 
     def tick(self, now_ns: int) -> DiagnoserOutput:
         """Advance stream time with no message (grace periods, hang timeouts)."""
-        raise NotImplementedError
+        self.now_ns = max(self.now_ns, now_ns)
+        out = DiagnoserOutput()
+        for frame in self.assembler.advance(self.now_ns):
+            out.extend(self.on_frame(frame))
+        timeout = max(self.settings.hang_timeout_s, 3 * self._baseline_s())
+        finding = self.hang.check(self.now_ns, timeout)
+        if finding is not None and self._hang_incident() is None:
+            inc = self.book.open_incident(
+                "hang",
+                finding.culprit,
+                [Suspect(entity=e, confidence=round(c, 3)) for e, c in finding.suspects],
+                finding.onset_step,
+                finding.onset_step,
+                self.now_ns,
+                finding.summary,
+            )
+            inc.evidence_steps = 1
+            inc.slowdown_sum = 1.0
+            out.incidents.append(inc.to_v1(self.job))
+        return out
 
     def flush(self) -> DiagnoserOutput:
         """End of input: assemble what is pending."""
-        raise NotImplementedError
+        out = DiagnoserOutput()
+        for frame in self.assembler.flush():
+            out.extend(self.on_frame(frame))
+        return out
+
+    # ---- one step -------------------------------------------------------------------------
+    def on_frame(self, frame: StepFrame) -> DiagnoserOutput:
+        """An already assembled step (the simulator's fast path)."""
+        out = DiagnoserOutput()
+        if frame.n_ranks == 0:
+            return out
+        ts = int(frame.t_end_ns.max())
+        self.now_ns = max(self.now_ns, ts)
+        self.steps_seen += 1
+        self.world = max(self.world, frame.n_ranks + int(frame.missing.size))
+        if self.steps_seen <= 3 or self.steps_seen % _MEMBERSHIP_EVERY == 0:
+            self._learn_membership(frame)
+        feats = step_features(frame)
+        step_time = float(np.median(feats.span_s))
+        irr = self.baseline.update(step_time)
+        ratio = compute_ratio(frame, feats)
+        cands = step_suspects(frame, feats, ratio, self.topology)
+        keep = set(self.book.open)
+        confirmed = self.tracker.update(
+            frame.step, cands.entity, cands.kind, cands.z, cands.excess_s, cands.detail, keep
+        )
+        touched: set[tuple[str, str]] = set()
+        baseline = irr.baseline_s if np.isfinite(irr.baseline_s) else step_time
+        for tr in sorted(confirmed, key=lambda t: t.mean_z(), reverse=True):
+            key = (tr.kind, tr.entity)
+            inc = self.book.get(*key)
+            if inc is None:
+                inc = self._open(tr, frame, feats, ratio, ts, baseline)
+            touched.add(key)
+            slow = self._slowdown(key, step_time, tr.excess_s)
+            inc.add_evidence(frame.step, slow, step_time, self.world)
+            out.incidents.append(inc.to_v1(self.job))
+        for key, inc in list(self.book.open.items()):
+            tr = self.tracker.tracks.get((key[1], key[0]))
+            if key not in touched and tr is not None and tr.quiet == 0:
+                touched.add(key)
+                inc.add_evidence(frame.step, self._slowdown(key, step_time, tr.excess_s),
+                                 step_time, self.world)
+                out.incidents.append(inc.to_v1(self.job))
+        touched.update(k for k in self.book.open if k[0] == "hang")
+        for inc in self.book.quiet_step(touched, frame.step):
+            self._onset_baseline.pop((inc.kind, inc.culprit), None)
+            out.incidents.append(inc.to_v1(self.job))
+        if irr.level_shift:
+            out.incidents.extend(self._job_shift(frame, ts, irr.shift_ratio, step_time))
+        sample = self.settings.ops_sample_every
+        keep_ops = irr.irregular not in ("normal", "warmup") or (sample and frame.step % sample == 0)
+        out.reports.append(
+            StepReport(
+                job=self.job,
+                step=frame.step,
+                ts_ns=ts,
+                n_ranks=frame.n_ranks,
+                n_missing=int(frame.missing.size),
+                step_time_s=step_time,
+                baseline_s=baseline,
+                delta=irr.delta,
+                irregular=irr.irregular,
+                level_shift=irr.level_shift,
+                ranks=rank_rows(frame, feats, ratio),
+                groups=group_rows(frame, feats, transfer_reference(feats.inst)),
+                detections=[
+                    Detection(e, k, z, x)
+                    for e, k, z, x in zip(cands.entity, cands.kind, cands.z, cands.excess_s,
+                                          strict=True)
+                ],
+                frame=frame if keep_ops else None,
+            )
+        )
+        return out
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _baseline_s(self) -> float:
+        b = self.baseline.baseline_s
+        return b if np.isfinite(b) else 0.0
+
+    def _slowdown(self, key: tuple[str, str], step_time: float, excess_s: float) -> float:
+        before = self._onset_baseline.get(key, step_time)
+        by_baseline = step_time / before if before > 0 else 1.0
+        healthy = step_time - excess_s
+        by_excess = step_time / healthy if healthy > 0 else 1.0
+        return max(by_baseline, by_excess, 1.0)
+
+    def _open(
+        self,
+        tr: Track,
+        frame: StepFrame,
+        feats: StepFeatures,
+        ratio: np.ndarray,
+        ts: int,
+        baseline: float,
+    ) -> OpenIncident:
+        key = (tr.kind, tr.entity)
+        self._onset_baseline[key] = baseline
+        ranked = [t for t in self.tracker.ranked() if t is not tr][:3]
+        scores = [max(tr.mean_z(), 1e-9)] + [max(t.mean_z(), 0.0) for t in ranked]
+        total = sum(scores)
+        suspects = [Suspect(entity=tr.entity, confidence=round(scores[0] / total, 3))]
+        seen = {tr.entity}
+        for t, sc in zip(ranked, scores[1:], strict=True):
+            if t.entity not in seen:
+                seen.add(t.entity)
+                suspects.append(Suspect(entity=t.entity, confidence=round(sc / total, 3)))
+        summary = summarize(tr.kind, tr.entity, tr.detail, tr.excess_s, frame, feats, ratio)
+        return self.book.open_incident(
+            tr.kind, tr.entity, suspects, tr.first_hit_step(self.tracker.z_on), frame.step, ts,
+            summary,
+        )
+
+    def _job_shift(self, frame: StepFrame, ts: int, ratio: float, step_time: float) -> list[IncidentV1]:
+        """A confirmed job-wide level shift with no device to blame: a `job` incident."""
+        if any(k[0] != "job" for k in self.book.open):
+            return []
+        old = self.book.get("job", "job")
+        if old is not None:
+            self.book.resolve("job", "job", frame.step)
+        inc = self.book.open_incident(
+            "job",
+            "job",
+            [Suspect(entity="job", confidence=1.0)],
+            frame.step,
+            frame.step,
+            ts,
+            f"job-wide step time shifted ×{ratio:.2f} (now {step_time:.2f} s) with no device "
+            "to blame: data, model or configuration change; baseline re-set",
+        )
+        inc.evidence_steps = 1
+        inc.slowdown_sum = max(ratio, 1.0)
+        return [inc.to_v1(self.job)]
+
+    def _hang_incident(self) -> OpenIncident | None:
+        return next((i for k, i in self.book.open.items() if k[0] == "hang"), None)
+
+    def _resolve(self, inc: OpenIncident, step: int) -> IncidentV1:
+        self.book.resolve(inc.kind, inc.culprit, step)
+        inc.resolved_step = step
+        return inc.to_v1(self.job)
+
+    def _learn_membership(self, frame: StepFrame) -> None:
+        rows = np.flatnonzero(frame.op_kind != COMPUTE)
+        if rows.size == 0:
+            return
+        ri = frame.op_rank_index()[rows]
+        key = np.unique(frame.op_group[rows].astype(np.int64) * (frame.n_ranks + 1) + ri)
+        g, r = key // (frame.n_ranks + 1), key % (frame.n_ranks + 1)
+        starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        ends = np.r_[starts[1:], g.size]
+        ranks = frame.rank
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            self.hang.learn_members(frame.groups[int(g[a])], set(ranks[r[a:b]].tolist()))

@@ -20,6 +20,7 @@ class DetectorSettings(BaseSettings):
     delta: float = Field(1.1, description="δ: a step this many times the normal is irregular")
     hang_timeout_s: float = Field(10.0, description="an op in flight longer than this is hung")
     resolve_after: int = Field(10, description="quiet steps before an incident resolves")
+    ops_sample_every: int = Field(100, description="keep raw ops of every Nth step")
 
 
 class Settings(BaseSettings):
@@ -37,3 +38,12 @@ class Settings(BaseSettings):
     group_id: str = "flare-worker"
     max_message_bytes: int = 8 * 1024 * 1024
     log_level: str = "warn"
+    kafka_session_timeout_s: float = Field(
+        6.0, description="consumer-group session timeout; tansu joins in about half of it"
+    )
+    worker_stall_s: float = Field(
+        30.0, description="/readyz fails when input waits and nothing was processed this long"
+    )
+    job_idle_s: float = Field(
+        600.0, description="a job silent this long is flushed and its state dropped"
+    )

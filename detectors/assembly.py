@@ -1,0 +1,169 @@
+"""Step assembly: gather one job's rank-step messages into whole-step frames.
+
+A step is complete when every known rank reported, or when its grace period (stream time)
+expired: a missing rank is evidence (slow or hung), never a reason to wait forever. Steps
+leave in order. Names and groups are interned in job-level tables, so codes are stable across
+steps and a rank whose op names repeat step after step is interned once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flare.detectors.frame import StepFrame
+from flare.schemas.rankstep import COORD_DIMS, RankStep
+
+_NS = 1_000_000_000
+
+
+@dataclass(slots=True)
+class _Pending:
+    first_seen_ns: int
+    msgs: dict[int, RankStep] = field(default_factory=dict)
+
+
+class Interner:
+    """Job-level string table: code of a string never changes."""
+
+    def __init__(self, first: str | None = None) -> None:
+        self.table: list[str] = []
+        self.index: dict[str, int] = {}
+        if first is not None:
+            self.code(first)
+
+    def code(self, s: str) -> int:
+        i = self.index.get(s)
+        if i is None:
+            i = self.index[s] = len(self.table)
+            self.table.append(s)
+        return i
+
+    def codes(self, items: list[str]) -> np.ndarray:
+        idx = self.index
+        out = [idx.get(s, -1) for s in items]
+        if -1 in out:
+            out = [self.code(s) for s in items]
+        return np.array(out, dtype=np.int32)
+
+
+class StepAssembler:
+    """Pending steps of one job; emits StepFrames in step order."""
+
+    def __init__(self, job: str, grace_s: float = 5.0, max_pending: int = 8) -> None:
+        self.job = job
+        self.grace_ns = int(grace_s * _NS)
+        self.max_pending = max_pending
+        self.world_size: int | None = None
+        self.known: set[int] = set()
+        self.pending: dict[int, _Pending] = {}
+        self.emitted_upto = -1
+        self.late_dropped = 0
+        self.names = Interner()
+        self.groups = Interner("")
+        self.nodes = Interner()
+        self._cache: dict[int, tuple[list[str], np.ndarray, list[str], np.ndarray]] = {}
+
+    def add(self, msg: RankStep, now_ns: int) -> list[StepFrame]:
+        """Take one message; return the frames this completed (usually zero or one)."""
+        if msg.step <= self.emitted_upto:
+            self.late_dropped += 1
+            return []
+        self.known.add(msg.rank)
+        p = self.pending.get(msg.step)
+        if p is None:
+            p = self.pending[msg.step] = _Pending(now_ns)
+        p.msgs[msg.rank] = msg
+        return self.advance(now_ns)
+
+    def advance(self, now_ns: int) -> list[StepFrame]:
+        out = []
+        while self.pending:
+            s = min(self.pending)
+            p = self.pending[s]
+            expected = self.world_size or len(self.known)
+            complete = len(p.msgs) >= expected and (
+                self.world_size is not None or self.emitted_upto >= 0 or len(self.pending) > 1
+            )
+            expired = now_ns - p.first_seen_ns > self.grace_ns
+            if not (complete or expired or len(self.pending) > self.max_pending):
+                break
+            del self.pending[s]
+            self.emitted_upto = s
+            out.append(self._frame(s, p.msgs))
+        return out
+
+    def flush(self) -> list[StepFrame]:
+        out = []
+        for s in sorted(self.pending):
+            out.append(self._frame(s, self.pending[s].msgs))
+            self.emitted_upto = s
+        self.pending.clear()
+        return out
+
+    def _codes(self, m: RankStep) -> tuple[np.ndarray, np.ndarray]:
+        c = self._cache.get(m.rank)
+        if c is not None and c[0] == m.name and c[2] == m.group:
+            return c[1], c[3]
+        nc = self.names.codes(m.name)
+        gc = self.groups.codes(m.group)
+        self._cache[m.rank] = (m.name, nc, m.group, gc)
+        return nc, gc
+
+    def _frame(self, step: int, msgs: dict[int, RankStep]) -> StepFrame:
+        ranks = sorted(msgs)
+        ms = [msgs[r] for r in ranks]
+        R = len(ms)
+        counts = np.fromiter((m.n_ops for m in ms), dtype=np.int64, count=R)
+        off = np.zeros(R + 1, dtype=np.int64)
+        np.cumsum(counts, out=off[1:])
+        coords = np.full((R, len(COORD_DIMS)), -1, dtype=np.int32)
+        for i, m in enumerate(ms):
+            for d, v in m.coords.items():
+                if d in COORD_DIMS:
+                    coords[i, COORD_DIMS.index(d)] = v
+        codes = [self._codes(m) for m in ms]
+
+        def cat(arrs: list[np.ndarray], dtype: type) -> np.ndarray:
+            return np.concatenate(arrs).astype(dtype, copy=False) if arrs else np.zeros(0, dtype)
+
+        start = cat([m.start_ns for m in ms], np.int64)
+        frame = StepFrame(
+            job=self.job,
+            step=step,
+            rank=np.array(ranks, dtype=np.int64),
+            node=np.array([self.nodes.code(m.node) for m in ms], dtype=np.int32),
+            nodes=self.nodes.table,
+            local_rank=np.array([m.local_rank for m in ms], dtype=np.int32),
+            coords=coords,
+            t_start_ns=np.array([m.t_start_ns for m in ms], dtype=np.int64),
+            t_end_ns=np.array([m.t_end_ns for m in ms], dtype=np.int64),
+            off=off,
+            op_kind=cat([m.kind for m in ms], np.uint8),
+            op_name=cat([c[0] for c in codes], np.int32),
+            op_group=cat([c[1] for c in codes], np.int32),
+            op_seq=cat([m.seq for m in ms], np.int64),
+            op_start_ns=start,
+            op_dur_ns=cat([m.dur_ns for m in ms], np.int64),
+            op_bytes=cat([m.bytes for m in ms], np.int64),
+            names=self.names.table,
+            groups=self.groups.table,
+            missing=np.array(sorted(self.known - set(ranks)), dtype=np.int64),
+        )
+        return sort_ops(frame)
+
+
+def sort_ops(frame: StepFrame) -> StepFrame:
+    """Ensure each rank's ops are in start order (producers may emit completion order)."""
+    ri = frame.op_rank_index()
+    if frame.n_ops < 2:
+        return frame
+    st = frame.op_start_ns
+    same = ri[1:] == ri[:-1]
+    if not (st[1:][same] < st[:-1][same]).any():
+        return frame
+    order = np.lexsort((st, ri))
+    for f in ("op_kind", "op_name", "op_group", "op_seq", "op_start_ns", "op_dur_ns", "op_bytes"):
+        setattr(frame, f, getattr(frame, f)[order])
+    return frame

@@ -1,0 +1,84 @@
+"""One sentence per incident, with the numbers an on-call SRE acts on."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flare.detectors.features import StepFeatures
+from flare.detectors.frame import StepFrame
+
+
+def waiting_group(frame: StepFrame, feats: StepFeatures, rank: int) -> tuple[str, str, int, float]:
+    """Where peers waited most for `rank` this step: (group, op name, waiting ranks, seconds)."""
+    idx = np.searchsorted(frame.rank, rank)
+    if idx >= frame.n_ranks or frame.rank[idx] != rank:
+        return "", "", 0, 0.0
+    inst = feats.inst
+    own = inst.copy_rank == idx
+    if not own.any():
+        return "", "", 0, 0.0
+    mine = np.zeros(inst.transfer_s.size, dtype=bool)
+    mine[inst.copy_inst[own]] = True
+    others = mine[inst.copy_inst] & ~own
+    if not others.any():
+        return "", "", 0, 0.0
+    g_of_copy = inst.group[inst.copy_inst[others]]
+    waits = inst.copy_wait_s[others]
+    sums = np.bincount(g_of_copy, weights=waits)
+    g = int(np.argmax(sums))
+    in_g = g_of_copy == g
+    n_wait = int(np.unique(inst.copy_rank[others][in_g]).size)
+    name_codes = inst.name[inst.copy_inst[others][in_g]]
+    name = frame.names[int(np.bincount(name_codes).argmax())]
+    per_rank = float(sums[g]) / max(n_wait, 1)
+    return frame.groups[g], name, n_wait, per_rank
+
+
+def rank_label(frame: StepFrame, rank: int) -> str:
+    idx = int(np.searchsorted(frame.rank, rank))
+    if idx >= frame.n_ranks or frame.rank[idx] != rank:
+        return f"rank {rank}"
+    parts = [frame.nodes[frame.node[idx]]]
+    coords = [f"{d} {frame.coord(d)[idx]}" for d in ("tp", "pp", "dp", "ep") if frame.coord(d)[idx] >= 0]
+    if coords:
+        parts.append(" ".join(coords))
+    return f"rank {rank} ({', '.join(parts)})"
+
+
+def summarize(
+    kind: str,
+    entity: str,
+    detail: str,
+    excess_s: float,
+    frame: StepFrame,
+    feats: StepFeatures,
+    ratio: np.ndarray,
+) -> str:
+    """The incident's summary line at the step that opened it."""
+    cost = f"+{excess_s:.2f} s per step"
+    _, _, name = entity.partition(":")
+    if kind == "gpu":
+        rank = int(name)
+        idx = int(np.searchsorted(frame.rank, rank))
+        slower = (ratio[idx] - 1) * 100 if idx < frame.n_ranks and np.isfinite(ratio[idx]) else 0.0
+        group, op, n_wait, wait_s = waiting_group(frame, feats, rank)
+        text = f"{rank_label(frame, rank)} computes {slower:.0f}% slower than its stage peers"
+        if n_wait:
+            text += f"; {n_wait} ranks wait on it in {group} {op}: +{wait_s:.2f} s per step"
+        else:
+            text += f": {cost}"
+        return text
+    if kind == "node":
+        return f"node {name}: every GPU computes slower than its peers ({detail}): {cost}"
+    if kind == "host":
+        return (
+            f"host of node {name}: {detail} between ops while GPU compute is normal "
+            f"(CPU contention or launch stalls): {cost}"
+        )
+    if kind == "switch":
+        return f"switch {name} is congested: {detail} of its nodes: {cost}"
+    if entity.startswith("link:"):
+        return f"link {name} between pipeline stages is slow: p2p {detail}: {cost}"
+    if kind == "link":
+        return f"network of node {name} (NIC) is slow: {detail} through it: {cost}"
+    return f"{entity}: {detail}: {cost}"

@@ -1,0 +1,109 @@
+"""Hang detection from heartbeats: an op in flight past the timeout, and who it waits for.
+
+Mycroft's observation: a hang shows as ranks that sit inside a collective while some member
+never arrives. The members NOT in flight on the stuck (group, seq) are the cause; if they in
+turn sit in another stuck op, follow them (the waits-for graph) to the root. If every member
+is in flight on the same instance, nobody is missing: the communication itself hangs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from flare.schemas.wire import HeartbeatV1
+
+_NS = 1_000_000_000
+
+
+@dataclass(slots=True)
+class HangFinding:
+    kind: str  # always "hang"
+    culprit: str  # rank:<n> or group:<g>
+    onset_step: int
+    suspects: list[tuple[str, float]]
+    summary: str
+    stuck_s: float
+
+
+class HangDetector:
+    """Latest heartbeat per rank + group membership learned from steps."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.last: dict[int, HeartbeatV1] = {}
+        self.members: dict[str, set[int]] = {}
+        self._last_check_ns = 0
+
+    def observe(self, hb: HeartbeatV1) -> None:
+        prev = self.last.get(hb.rank)
+        if prev is None or hb.ts_ns >= prev.ts_ns:
+            self.last[hb.rank] = hb
+        for op in hb.inflight:
+            self.members.setdefault(op.group, set()).add(hb.rank)
+
+    def learn_members(self, group: str, ranks: set[int]) -> None:
+        self.members.setdefault(group, set()).update(ranks)
+
+    def check(self, now_ns: int, timeout_s: float | None = None) -> HangFinding | None:
+        """Look for a hang at stream time `now_ns` (at most once per stream second)."""
+        if now_ns - self._last_check_ns < _NS:
+            return None
+        self._last_check_ns = now_ns
+        limit = (timeout_s or self.timeout_s) * _NS
+        stuck: dict[tuple[str, int], set[int]] = {}
+        info: dict[tuple[str, int], tuple[str, int, int]] = {}  # name, oldest start, step
+        for rank, hb in self.last.items():
+            for op in hb.inflight:
+                if now_ns - op.start_ns > limit:
+                    key = (op.group, op.seq)
+                    stuck.setdefault(key, set()).add(rank)
+                    name, start, step = info.get(key, (op.name, op.start_ns, hb.step))
+                    info[key] = (op.name, min(start, op.start_ns), min(step, hb.step))
+        if not stuck:
+            return None
+        stuck_ranks = set().union(*stuck.values())
+        waits_on: Counter[int] = Counter()
+        for key, inside in stuck.items():
+            missing = self.members.get(key[0], set()) - inside
+            for m in missing:
+                waits_on[m] += len(inside)
+        roots = Counter({r: n for r, n in waits_on.items() if r not in stuck_ranks})
+        oldest = min(stuck, key=lambda k: info[k][1])
+        name, start, step = info[oldest]
+        stuck_s = (now_ns - start) / _NS
+        if roots:
+            ranked = sorted(roots.items(), key=lambda kv: (-kv[1], kv[0]))
+            culprit_rank, waiting = ranked[0]
+            total = sum(roots.values())
+            hb = self.last.get(culprit_rank)
+            where = f" ({hb.node})" if hb else ""
+            c_step = hb.step if hb else step
+            state = "silent" if hb is None or now_ns - hb.ts_ns > limit else "alive, no op in flight"
+            groups = sorted({k[0] for k in stuck if culprit_rank in self.members.get(k[0], set())})
+            return HangFinding(
+                kind="hang",
+                culprit=f"rank:{culprit_rank}",
+                onset_step=c_step,
+                suspects=[(f"rank:{r}", n / total) for r, n in ranked[:3]],
+                summary=(
+                    f"rank {culprit_rank}{where} stopped in step {c_step} ({state}); "
+                    f"{len(stuck_ranks)} ranks wait for it in {', '.join(groups[:3]) or oldest[0]} "
+                    f"for {stuck_s:.0f} s"
+                ),
+                stuck_s=stuck_s,
+            )
+        full = [k for k in stuck if not (self.members.get(k[0], set()) - stuck[k])]
+        key = min(full or [oldest], key=lambda k: info[k][1])
+        name, start, step = info[key]
+        return HangFinding(
+            kind="hang",
+            culprit=f"group:{key[0]}",
+            onset_step=step,
+            suspects=[(f"group:{key[0]}", 1.0)],
+            summary=(
+                f"communication hang: all {len(stuck[key])} members of {key[0]} are inside "
+                f"{name} seq {key[1]} for {(now_ns - start) / _NS:.0f} s"
+            ),
+            stuck_s=(now_ns - start) / _NS,
+        )

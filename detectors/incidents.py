@@ -1,0 +1,126 @@
+"""Incident lifecycle: open, update, resolve, with deterministic ids and numbers that matter.
+
+An SRE needs one stable object per problem: the id is a hash of job, kind, culprit and the
+opening step, so a replay after a crash reproduces the same ids (ClickHouse then replaces
+instead of duplicating). Slowdown and lost GPU-seconds are what the problem costs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from flare.schemas.wire import IncidentV1, Suspect
+
+
+def incident_id(job: str, kind: str, culprit: str, opened_step: int) -> str:
+    raw = f"{job}|{kind}|{culprit}|{opened_step}".encode()
+    return hashlib.sha1(raw).hexdigest()[:20]
+
+
+@dataclass(slots=True)
+class OpenIncident:
+    """Mutable state behind one incident id."""
+
+    id: str
+    kind: str
+    culprit: str
+    suspects: list[Suspect]
+    onset_step: int
+    opened_step: int
+    opened_ts_ns: int
+    last_step: int
+    summary: str
+    slowdown_sum: float = 0.0
+    lost_gpu_seconds: float = 0.0
+    evidence_steps: int = 0
+    quiet: int = 0
+    resolved_step: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def slowdown(self) -> float:
+        return self.slowdown_sum / self.evidence_steps if self.evidence_steps else 1.0
+
+    def add_evidence(self, step: int, slowdown: float, step_time_s: float, world: int) -> None:
+        self.last_step = step
+        self.evidence_steps += 1
+        self.quiet = 0
+        s = max(slowdown, 1.0)
+        self.slowdown_sum += s
+        self.lost_gpu_seconds += step_time_s * (1.0 - 1.0 / s) * world
+
+    def to_v1(self, job: str) -> IncidentV1:
+        return IncidentV1(
+            v=1,
+            id=self.id,
+            job=job,
+            status="resolved" if self.resolved_step is not None else "open",
+            kind=self.kind,  # type: ignore[arg-type]
+            culprit=self.culprit,
+            suspects=list(self.suspects),
+            onset_step=self.onset_step,
+            opened_step=self.opened_step,
+            opened_ts_ns=self.opened_ts_ns,
+            last_step=self.last_step,
+            resolved_step=self.resolved_step,
+            slowdown=round(self.slowdown, 4),
+            lost_gpu_seconds=round(self.lost_gpu_seconds, 1),
+            evidence_steps=self.evidence_steps,
+            summary=self.summary,
+        )
+
+
+class IncidentBook:
+    """Open incidents of one job, keyed by (kind, culprit)."""
+
+    def __init__(self, job: str, resolve_after: int = 10) -> None:
+        self.job = job
+        self.resolve_after = resolve_after
+        self.open: dict[tuple[str, str], OpenIncident] = {}
+
+    def get(self, kind: str, culprit: str) -> OpenIncident | None:
+        return self.open.get((kind, culprit))
+
+    def open_incident(
+        self,
+        kind: str,
+        culprit: str,
+        suspects: list[Suspect],
+        onset_step: int,
+        step: int,
+        ts_ns: int,
+        summary: str,
+    ) -> OpenIncident:
+        inc = OpenIncident(
+            id=incident_id(self.job, kind, culprit, step),
+            kind=kind,
+            culprit=culprit,
+            suspects=suspects,
+            onset_step=onset_step,
+            opened_step=step,
+            opened_ts_ns=ts_ns,
+            last_step=step,
+            summary=summary,
+        )
+        self.open[(kind, culprit)] = inc
+        return inc
+
+    def quiet_step(self, touched: set[tuple[str, str]], step: int) -> list[OpenIncident]:
+        """Count a step without evidence for untouched incidents; return those now resolved."""
+        done = []
+        for key, inc in list(self.open.items()):
+            if key in touched:
+                continue
+            inc.quiet += 1
+            if inc.quiet >= self.resolve_after:
+                inc.resolved_step = step
+                done.append(inc)
+                del self.open[key]
+        return done
+
+    def resolve(self, kind: str, culprit: str, step: int) -> OpenIncident | None:
+        inc = self.open.pop((kind, culprit), None)
+        if inc is not None:
+            inc.resolved_step = step
+        return inc

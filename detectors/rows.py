@@ -1,0 +1,49 @@
+"""Storage rows of one step (RankRows, GroupRows) from its frame and features."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flare.detectors.features import StepFeatures
+from flare.detectors.frame import StepFrame
+from flare.detectors.report import GroupRows, RankRows
+
+
+def rank_rows(frame: StepFrame, feats: StepFeatures, ratio: np.ndarray) -> RankRows:
+    return RankRows(
+        rank=frame.rank,
+        node=[frame.nodes[i] for i in frame.node.tolist()],
+        step_s=feats.span_s,
+        compute_s=feats.compute_s,
+        comm_s=feats.comm_s,
+        gap_s=feats.gap_s,
+        wait_s=feats.wait_s,
+        caused_wait_s=feats.caused_wait_s,
+        compute_ratio=np.nan_to_num(ratio, nan=1.0),
+        n_ops=feats.n_ops.astype(np.int64),
+    )
+
+
+def group_rows(frame: StepFrame, feats: StepFeatures, ref: np.ndarray) -> GroupRows:
+    """Per-group aggregates; `ref` is each instance's comparable transfer (NaN: none)."""
+    inst = feats.inst
+    if inst.transfer_s.size == 0:
+        z = np.zeros(0)
+        return GroupRows([], z.astype(np.int64), z.astype(np.int64), z, z, z, z)
+    used, g = np.unique(inst.group, return_inverse=True)
+    G = used.size
+    cg = g[inst.copy_inst]
+    pairs = np.unique(cg.astype(np.int64) * (frame.n_ranks + 1) + inst.copy_rank)
+    members = np.bincount(pairs // (frame.n_ranks + 1), minlength=G)
+    has_ref = np.isfinite(ref)
+    t_sum = np.bincount(g, weights=np.where(has_ref, inst.transfer_s, 0.0), minlength=G)
+    r_sum = np.bincount(g, weights=np.where(has_ref, ref, 0.0), minlength=G)
+    return GroupRows(
+        group=[frame.groups[i] for i in used.tolist()],
+        n_members=members.astype(np.int64),
+        n_instances=np.bincount(g, minlength=G).astype(np.int64),
+        comm_s=np.bincount(g, weights=inst.mean_s * inst.n_copies, minlength=G),
+        transfer_s=np.bincount(g, weights=inst.transfer_s, minlength=G),
+        wait_s=np.bincount(cg, weights=inst.copy_wait_s, minlength=G),
+        transfer_ratio=np.where(r_sum > 0, t_sum / np.maximum(r_sum, 1e-12), 1.0),
+    )

@@ -1,0 +1,37 @@
+"""Segmented reductions over sorted numpy arrays (per rank, per instance) without Python loops."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def segment_starts(keys_sorted: np.ndarray) -> np.ndarray:
+    """Start index of each run of equal keys in a sorted array."""
+    if keys_sorted.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.r_[True, keys_sorted[1:] != keys_sorted[:-1]])
+
+
+def grouped_median(values: np.ndarray, keys: np.ndarray, n_keys: int) -> np.ndarray:
+    """Median of `values` per integer key in [0, n_keys); NaN for empty keys."""
+    out = np.full(n_keys, np.nan)
+    if values.size == 0:
+        return out
+    order = np.lexsort((values, keys))
+    k = keys[order]
+    v = values[order]
+    starts = segment_starts(k)
+    ends = np.r_[starts[1:], k.size]
+    lo = starts + (ends - starts - 1) // 2
+    hi = starts + (ends - starts) // 2
+    out[k[starts]] = 0.5 * (v[lo] + v[hi])
+    return out
+
+
+def robust_sigma(x: np.ndarray, floor: float) -> float:
+    """1.4826 × MAD, the Gaussian-consistent spread that one outlier cannot inflate."""
+    x = x[np.isfinite(x)]
+    if x.size < 3:
+        return floor
+    med = np.median(x)
+    return max(float(1.4826 * np.median(np.abs(x - med))), floor)

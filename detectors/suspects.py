@@ -1,0 +1,263 @@
+"""Per-step suspects: which rank, node, host, link or switch explains this step's excess.
+
+Three independent views of one step, each relative to peers in the SAME step so that job-wide
+effects (GC, checkpoints, level shifts) cancel:
+- compute: a rank's compute vs its stage peers; the node's median share is split off first,
+  so one slow GPU and a slow node (all its GPUs) are told apart;
+- host: idle gaps between ops vs stage peers (launch delays, CPU contention: GPU durations
+  stay normal, the gaps grow);
+- network: each instance's transfer (its shortest copy) vs instances of the same signature;
+  the node, link or switch whose instances are slow AND that explains most of the slow
+  instances wins, then its instances are explained away and the rest is searched again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flare.detectors.features import Instances, StepFeatures
+from flare.detectors.frame import StepFrame
+from flare.detectors.peers import stage_keys
+from flare.detectors.segments import grouped_median, robust_sigma
+from flare.schemas.rankstep import P2P
+
+Z_REPORT = 2.5  # report a suspect's step evidence from this significance on
+Z_CAP = 50.0  # one step never counts for more than this
+_NET_MIN_RATIO = np.log(1.1)  # a transfer 10% over its peers is the smallest we blame
+_NET_ROUNDS = 3
+
+
+@dataclass(slots=True)
+class Candidates:
+    """Suspects of one step: parallel lists, one entry per (entity, kind)."""
+
+    entity: list[str] = field(default_factory=list)
+    kind: list[str] = field(default_factory=list)
+    z: list[float] = field(default_factory=list)
+    excess_s: list[float] = field(default_factory=list)
+    detail: list[str] = field(default_factory=list)
+
+    def add(self, entity: str, kind: str, z: float, excess_s: float, detail: str = "") -> None:
+        self.entity.append(entity)
+        self.kind.append(kind)
+        self.z.append(float(min(z, Z_CAP)))
+        self.excess_s.append(float(excess_s))
+        self.detail.append(detail)
+
+
+@dataclass(slots=True)
+class Topology:
+    """What the job's start event told us: each node's switch (may be empty)."""
+
+    switch_of: dict[str, str] = field(default_factory=dict)
+
+
+def _node_stats(values: np.ndarray, node: np.ndarray, n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    counts = np.bincount(node, minlength=n_nodes)
+    return grouped_median(values, node, n_nodes), counts
+
+
+def compute_ratio(frame: StepFrame, feats: StepFeatures) -> np.ndarray:
+    """(R,) compute time vs the median of the rank's stage peers (1.0 = like its peers)."""
+    basis = feats.compute_s if feats.has_compute else feats.gap_s
+    keys, n_keys = stage_keys(frame)
+    ref = grouped_median(basis, keys, n_keys)[keys]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(ref > 0, basis / ref, np.nan)
+
+
+def _compute_suspects(frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, out: Candidates) -> None:
+    basis = feats.compute_s if feats.has_compute else feats.gap_s
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.log(ratio)
+    x = np.where(np.isfinite(x), x, 0.0)
+    n_nodes = len(frame.nodes)
+    node_x, counts = _node_stats(x, frame.node, n_nodes)
+    node_x = np.nan_to_num(node_x)
+    per_node = counts[frame.node]
+    g = np.where(per_node >= 3, x - node_x[frame.node], x)
+    sg = robust_sigma(g, 0.004)
+    zg = g / sg
+    for i in np.flatnonzero(zg >= Z_REPORT):
+        out.add(
+            f"rank:{int(frame.rank[i])}",
+            "gpu",
+            zg[i],
+            basis[i] * (1 - np.exp(-g[i])),
+            f"compute ×{np.exp(x[i]):.2f} vs stage peers",
+        )
+    multi = counts >= 2
+    if multi.sum() >= 3:
+        sn = robust_sigma(node_x[multi], 0.006)
+        zn = np.where(multi, node_x / sn, 0.0)
+        node_basis = grouped_median(basis, frame.node, n_nodes)
+        for n in np.flatnonzero(zn >= Z_REPORT):
+            out.add(
+                f"node:{frame.nodes[n]}",
+                "node",
+                zn[n],
+                node_basis[n] * (1 - np.exp(-node_x[n])),
+                f"compute ×{np.exp(node_x[n]):.2f} on all {counts[n]} ranks",
+            )
+
+
+def _host_suspects(frame: StepFrame, feats: StepFeatures, out: Candidates) -> None:
+    if not feats.has_compute:
+        return  # gaps then include compute: the compute view already uses them
+    keys, n_keys = stage_keys(frame)
+    ref_gap = grouped_median(feats.gap_s, keys, n_keys)[keys]
+    ref_span = grouped_median(feats.span_s, keys, n_keys)[keys]
+    extra = feats.gap_s - ref_gap
+    h = np.where(ref_span > 0, extra / np.maximum(ref_span, 1e-9), 0.0)
+    n_nodes = len(frame.nodes)
+    counts = np.bincount(frame.node, minlength=n_nodes)
+    node_h = np.bincount(frame.node, weights=h, minlength=n_nodes) / np.maximum(counts, 1)
+    node_extra = np.bincount(frame.node, weights=extra, minlength=n_nodes) / np.maximum(counts, 1)
+    if n_nodes >= 3:
+        sh = robust_sigma(node_h, 0.003)
+    else:
+        sh = robust_sigma(h, 0.003)
+    zh = node_h / sh
+    for n in np.flatnonzero(zh >= Z_REPORT):
+        out.add(
+            f"node:{frame.nodes[n]}",
+            "host",
+            zh[n],
+            node_extra[n],
+            f"idle gaps +{node_extra[n] * 1e3:.0f} ms per rank",
+        )
+
+
+def transfer_reference(inst: Instances) -> np.ndarray:
+    """(I,) median transfer of comparable instances (same kind, op, bytes, size, cross-node)
+    in this step; NaN where fewer than three are comparable."""
+    ref = np.full(inst.transfer_s.size, np.nan)
+    idx = np.flatnonzero(inst.cross_node & (inst.n_copies >= 2))
+    if idx.size < 3:
+        return ref
+    sig_cols = np.stack(
+        [inst.kind[idx].astype(np.int64), inst.name[idx], inst.bytes[idx], inst.n_copies[idx]]
+    )
+    _, sig = np.unique(sig_cols, axis=1, return_inverse=True)
+    sig = sig.reshape(-1)
+    n_sig = int(sig.max()) + 1
+    med = grouped_median(inst.transfer_s[idx], sig, n_sig)
+    ok = np.bincount(sig, minlength=n_sig)[sig] >= 3
+    ref[idx[ok]] = med[sig[ok]]
+    return ref
+
+
+def _network_suspects(
+    frame: StepFrame, feats: StepFeatures, topo: Topology, out: Candidates
+) -> None:
+    inst = feats.inst
+    full_ref = transfer_reference(inst)
+    idx = np.flatnonzero(np.isfinite(full_ref) & (full_ref > 0))
+    if idx.size < 3:
+        return
+    ref = full_ref[idx]
+    ell = np.log(np.maximum(inst.transfer_s[idx], 1e-12) / ref)
+    s_ell = robust_sigma(ell, 0.03)
+    e = np.where(ell > max(3 * s_ell, _NET_MIN_RATIO), ell, 0.0)
+    if not e.any():
+        return
+    extra_s = np.where(e > 0, inst.transfer_s[idx] - ref, 0.0)
+    # incidence of usable instances with nodes (through their copies)
+    pos = np.full(inst.transfer_s.size, -1)
+    pos[idx] = np.arange(idx.size)
+    c_pos = pos[inst.copy_inst]
+    keep = c_pos >= 0
+    c_pos = c_pos[keep]
+    c_rank = inst.copy_rank[keep]
+    c_node = frame.node[c_rank]
+    n_nodes = len(frame.nodes)
+    pair = np.unique(c_pos * n_nodes + c_node)
+    p_inst, p_node = pair // n_nodes, pair % n_nodes
+    rank_extra = np.bincount(c_rank, weights=extra_s[c_pos], minlength=frame.n_ranks)
+    node_extra = np.zeros(n_nodes)
+    np.maximum.at(node_extra, frame.node, rank_extra)
+
+    # one incidence list (entity, instance) over every network entity: nodes, links, switches
+    ent_names: list[str] = []
+    ent_kinds: list[str] = []
+    ent_nodes: list[np.ndarray] = []
+    inc_ent: list[np.ndarray] = []
+    inc_inst: list[np.ndarray] = []
+    used_nodes = np.unique(p_node)
+    node_eid = np.full(n_nodes, -1)
+    node_eid[used_nodes] = np.arange(used_nodes.size)
+    for n in used_nodes:
+        ent_names.append(f"node:{frame.nodes[n]}")
+        ent_kinds.append("link")
+        ent_nodes.append(np.array([n]))
+    inc_ent.append(node_eid[p_node])
+    inc_inst.append(p_inst)
+    p2p = inst.kind[idx] == P2P
+    if p2p.any():
+        lo = np.full(idx.size, n_nodes)
+        hi = np.full(idx.size, -1)
+        np.minimum.at(lo, c_pos, c_node)
+        np.maximum.at(hi, c_pos, c_node)
+        two = np.flatnonzero(p2p & (lo != hi) & (hi >= 0))
+        keys, link_of = np.unique(lo[two] * n_nodes + hi[two], return_inverse=True)
+        base = len(ent_names)
+        for k in keys:
+            a, b = divmod(int(k), n_nodes)
+            ent_names.append("link:" + "~".join(sorted((frame.nodes[a], frame.nodes[b]))))
+            ent_kinds.append("link")
+            ent_nodes.append(np.array([a, b]))
+        inc_ent.append(base + link_of.reshape(-1))
+        inc_inst.append(two)
+    if topo.switch_of:
+        sw_names = sorted({topo.switch_of.get(nm, "") for nm in frame.nodes} - {""})
+        if len(sw_names) >= 2:
+            sw_index = {s: i for i, s in enumerate(sw_names)}
+            node_sw = np.array([sw_index.get(topo.switch_of.get(nm, ""), -1) for nm in frame.nodes])
+            psw = node_sw[p_node]
+            has = psw >= 0
+            sw_pair = np.unique(p_inst[has] * len(sw_names) + psw[has])
+            base = len(ent_names)
+            for s, sname in enumerate(sw_names):
+                ent_names.append(f"switch:{sname}")
+                ent_kinds.append("switch")
+                ent_nodes.append(np.flatnonzero(node_sw == s))
+            inc_ent.append(base + sw_pair % len(sw_names))
+            inc_inst.append(sw_pair // len(sw_names))
+    ie = np.concatenate(inc_ent)
+    ii = np.concatenate(inc_inst)
+    n_ent = len(ent_names)
+    cnt = np.bincount(ie, minlength=n_ent).astype(float)
+    e_left = e.copy()
+    for _ in range(_NET_ROUNDS):
+        total = e_left.sum()
+        if total <= 0:
+            break
+        sums = np.bincount(ie, weights=e_left[ii], minlength=n_ent)
+        score = np.where(cnt > 0, sums / np.maximum(cnt, 1) * sums / total, 0.0)
+        best = int(np.argmax(score))
+        z = score[best] / s_ell
+        if z < Z_REPORT:
+            break
+        ids = ii[ie == best]
+        ratio = float(np.exp(e_left[ids][e_left[ids] > 0].mean()))
+        out.add(
+            ent_names[best],
+            ent_kinds[best],
+            z,
+            float(node_extra[ent_nodes[best]].max()),
+            f"transfers ×{ratio:.2f} on {int((e_left[ids] > 0).sum())} of {ids.size} instances",
+        )
+        e_left[ids] = 0.0
+
+
+def step_suspects(frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, topo: Topology) -> Candidates:
+    """All suspects of one step with their significance (robust z) and cost in seconds."""
+    out = Candidates()
+    if frame.n_ranks < 2:
+        return out
+    _compute_suspects(frame, feats, ratio, out)
+    _host_suspects(frame, feats, out)
+    _network_suspects(frame, feats, topo, out)
+    return out

@@ -1,0 +1,245 @@
+"""`flare eval`: a matrix of simulated faults and clean runs, scored against ground truth.
+
+Every fault family × severity × layout (× seeds) plus clean runs with the noise that must
+not become incidents (GC, checkpoints, eval steps, level shifts, MoE imbalance, clock skew).
+Scenarios run the simulator's frames straight into `JobDiagnoser.on_frame` (the same code the
+worker runs after assembly; a test shows the two paths agree) in a process pool.
+"""
+
+from __future__ import annotations
+
+import statistics
+import zlib
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+
+from flare.detectors.diagnoser import JobDiagnoser
+from flare.detectors.frame import StepFrame
+from flare.producers.simulator import (
+    FAMILIES,
+    SEVERITIES,
+    Fault,
+    Layout,
+    Noise,
+    Scenario,
+    layout_for_gpus,
+)
+from flare.schemas.wire import IncidentV1
+from flare.settings import DetectorSettings
+
+HANG_FAMILIES = ("hang_rank", "comm_hang")
+FAULT_STEPS_AFTER_ONSET = 30
+CLEAN_STEPS_TOTAL = 10_000
+
+
+@dataclass(slots=True)
+class ScenarioResult:
+    name: str
+    family: str  # fault family or "clean"
+    gpus: int
+    steps: int
+    truth_culprit: str | None
+    truth_kind: str | None
+    detected: bool = False
+    top1: bool = False
+    top3: bool = False
+    kind_ok: bool = False
+    latency_steps: float | None = None
+    latency_s: float | None = None
+    false_device: int = 0  # device incidents not matching the truth (or any, in clean runs)
+    first: dict | None = None  # the scored incident
+    incidents: list[dict] = field(default_factory=list)
+
+
+def _seed(*parts: object) -> int:
+    return zlib.crc32("|".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
+
+def fault_scenarios(gpus: Iterable[int], seeds: int) -> list[Scenario]:
+    out = []
+    for g in gpus:
+        layout = layout_for_gpus(g)
+        for family in FAMILIES:
+            if family == "switch" and not _has_two_switches(layout):
+                continue
+            for sev in SEVERITIES[family]:
+                for s in range(seeds):
+                    seed = _seed(family, sev, g, s)
+                    onset = 20 + seed % 11
+                    out.append(
+                        Scenario(
+                            job=f"{family}-x{sev}-{g}g-s{s}",
+                            layout=layout,
+                            steps=onset + FAULT_STEPS_AFTER_ONSET,
+                            seed=seed,
+                            fault=Fault(family=family, severity=sev, onset_step=onset),
+                            heartbeats=family in HANG_FAMILIES,
+                        )
+                    )
+    return out
+
+
+def clean_scenarios(gpus: Iterable[int], total_steps: int = CLEAN_STEPS_TOTAL) -> list[Scenario]:
+    """Clean runs whose steps add up to `total_steps`, spread over the layouts and noises."""
+    gpus = list(gpus)
+    variants: list[tuple[str, Callable[[Layout], tuple[Layout, Noise]]]] = [
+        ("noise", lambda lay: (lay, Noise())),
+        ("shift", lambda lay: (lay, Noise(level_shift_step=60))),
+        ("evalsteps", lambda lay: (lay, Noise(eval_every=25, checkpoint_every=50))),
+        ("moe", lambda lay: (replace(lay, ep=min(8, lay.dp)), Noise(moe_imbalance=0.4))),
+        ("skew", lambda lay: (lay, Noise(clock_skew_ms=50.0, data_jitter=0.03))),
+    ]
+    per_run = 250
+    runs = max(1, -(-total_steps // per_run))
+    out = []
+    for i in range(runs):
+        g = gpus[i % len(gpus)]
+        vname, make = variants[(i // len(gpus)) % len(variants)]
+        layout, noise = make(layout_for_gpus(g))
+        out.append(
+            Scenario(
+                job=f"clean-{vname}-{g}g-r{i}",
+                layout=layout,
+                steps=per_run,
+                seed=_seed("clean", i, g),
+                noise=noise,
+                heartbeats=False,
+            )
+        )
+    return out
+
+
+def _has_two_switches(layout: Layout) -> bool:
+    gpus = layout.tp * layout.pp * layout.dp
+    nodes = -(-gpus // layout.gpus_per_node)
+    return nodes > layout.nodes_per_switch
+
+
+def run_scenario(sc: Scenario, settings: DetectorSettings | None = None) -> ScenarioResult:
+    """Simulate one scenario into a fresh diagnoser and score what it reported."""
+    from flare.producers.simulator import ClusterSimulator
+
+    sim = ClusterSimulator(sc)
+    diag = JobDiagnoser(sc.job, settings)
+    events: list[IncidentV1] = []
+    events += diag.on_job(sim.job_start()).incidents
+    for item in sim.run():
+        if isinstance(item, StepFrame):
+            events += diag.on_frame(item).incidents
+        else:
+            events += diag.on_heartbeat(item).incidents
+    events += diag.flush().incidents
+    return score(sc, sim.truth, events)
+
+
+def score(sc: Scenario, truth, events: list[IncidentV1]) -> ScenarioResult:  # noqa: ANN001
+    final: dict[str, IncidentV1] = {}
+    for ev in events:
+        final[ev.id] = ev
+    incs = sorted(final.values(), key=lambda i: (i.opened_step, i.opened_ts_ns))
+    device = [i for i in incs if i.kind != "job"]
+    res = ScenarioResult(
+        name=sc.job,
+        family=truth.family or "clean",
+        gpus=sc.layout.tp * sc.layout.pp * sc.layout.dp,
+        steps=sc.steps,
+        truth_culprit=truth.culprit,
+        truth_kind=truth.kind,
+        incidents=[_brief(i) for i in incs],
+    )
+    if truth.family is None:
+        res.false_device = len(device)
+        return res
+    onset = truth.onset_step if truth.onset_step is not None else 0
+    after = [i for i in device if i.opened_step >= onset]
+    res.false_device = sum(1 for i in device if i.opened_step < onset or i.culprit != truth.culprit)
+    if not after:
+        return res
+    first = after[0]
+    res.first = _brief(first)
+    res.detected = True
+    res.top1 = first.culprit == truth.culprit
+    ranked = [first.culprit] + [s.entity for s in first.suspects if s.entity != first.culprit]
+    res.top3 = truth.culprit in ranked[:3]
+    res.kind_ok = first.kind == truth.kind
+    res.latency_steps = float(first.opened_step - onset)
+    if truth.onset_ts_ns is not None:
+        res.latency_s = (first.opened_ts_ns - truth.onset_ts_ns) / 1e9
+    return res
+
+
+def _brief(i: IncidentV1) -> dict:
+    return {
+        "id": i.id,
+        "kind": i.kind,
+        "culprit": i.culprit,
+        "opened_step": i.opened_step,
+        "onset_step": i.onset_step,
+        "status": i.status,
+        "slowdown": i.slowdown,
+        "summary": i.summary,
+        "suspects": [(s.entity, s.confidence) for s in i.suspects],
+    }
+
+
+def run_all(
+    scenarios: list[Scenario],
+    jobs: int = 2,
+    progress: Callable[[ScenarioResult], None] | None = None,
+) -> list[ScenarioResult]:
+    results = []
+    if jobs <= 1:
+        for sc in scenarios:
+            r = run_scenario(sc)
+            results.append(r)
+            if progress:
+                progress(r)
+        return results
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for r in pool.map(run_scenario, scenarios):
+            results.append(r)
+            if progress:
+                progress(r)
+    return results
+
+
+def _metrics(rs: list[ScenarioResult]) -> dict:
+    faults = [r for r in rs if r.truth_culprit is not None]
+    clean = [r for r in rs if r.truth_culprit is None]
+    n = len(faults)
+    lat = [r.latency_steps for r in faults if r.top1 and r.latency_steps is not None]
+    lat_s = [r.latency_s for r in faults if r.top1 and r.latency_s is not None]
+    clean_steps = sum(r.steps for r in clean)
+    return {
+        "scenarios": len(rs),
+        "top1": sum(r.top1 for r in faults) / n if n else None,
+        "top3": sum(r.top3 for r in faults) / n if n else None,
+        "kind": sum(r.kind_ok for r in faults) / n if n else None,
+        "false_per_10k_clean_steps": (
+            sum(r.false_device for r in clean) / clean_steps * 10_000 if clean_steps else None
+        ),
+        "latency_steps_median": statistics.median(lat) if lat else None,
+        "latency_s_median": statistics.median(lat_s) if lat_s else None,
+        "detected": sum(r.detected for r in faults) / n if n else None,
+        "clean_steps": clean_steps,
+        "false_device_in_fault_runs": sum(r.false_device for r in faults),
+    }
+
+
+def summarize_results(results: list[ScenarioResult], gpus: list[int], seeds: int) -> dict:
+    """The `--json` document: overall and per-family metrics (rates are fractions 0–1)."""
+    fams: dict[str, list[ScenarioResult]] = {}
+    for r in results:
+        fams.setdefault(r.family, []).append(r)
+    clean = fams.get("clean", [])
+    overall = _metrics(results)
+    return {
+        "overall": overall,
+        "families": {f: _metrics(rs if f == "clean" else rs + []) for f, rs in sorted(fams.items())},
+        "gpus": gpus,
+        "seeds": seeds,
+        "clean_steps": sum(r.steps for r in clean),
+        "misses": [asdict(r) for r in results if r.truth_culprit is not None and not r.top1][:50],
+        "false_alarms": [asdict(r) for r in results if r.truth_culprit is None and r.false_device][:50],
+    }
