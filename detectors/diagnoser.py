@@ -144,8 +144,9 @@ class JobDiagnoser:
             tr = self.tracker.tracks.get((key[1], key[0]))
             if key not in touched and tr is not None and tr.quiet == 0:
                 touched.add(key)
-                inc.add_evidence(frame.step, self._slowdown(key, step_time, tr.excess_s),
-                                 step_time, self.world)
+                inc.add_evidence(
+                    frame.step, self._slowdown(key, step_time, tr.excess_s), step_time, self.world
+                )
                 out.incidents.append(inc.to_v1(self.job))
         touched.update(k for k in self.book.open if k[0] == "hang")
         for inc in self.book.quiet_step(touched, frame.step):
@@ -154,7 +155,9 @@ class JobDiagnoser:
         if irr.level_shift:
             out.incidents.extend(self._job_shift(frame, ts, irr.shift_ratio, step_time))
         sample = self.settings.ops_sample_every
-        keep_ops = irr.irregular not in ("normal", "warmup") or (sample and frame.step % sample == 0)
+        keep_ops = irr.irregular not in ("normal", "warmup") or (
+            sample and frame.step % sample == 0
+        )
         out.reports.append(
             StepReport(
                 job=self.job,
@@ -171,8 +174,9 @@ class JobDiagnoser:
                 groups=group_rows(frame, feats, transfer_reference(feats.inst)),
                 detections=[
                     Detection(e, k, z, x)
-                    for e, k, z, x in zip(cands.entity, cands.kind, cands.z, cands.excess_s,
-                                          strict=True)
+                    for e, k, z, x in zip(
+                        cands.entity, cands.kind, cands.z, cands.excess_s, strict=True
+                    )
                 ],
                 frame=frame if keep_ops else None,
             )
@@ -213,11 +217,18 @@ class JobDiagnoser:
                 suspects.append(Suspect(entity=t.entity, confidence=round(sc / total, 3)))
         summary = summarize(tr.kind, tr.entity, tr.detail, tr.excess_s, frame, feats, ratio)
         return self.book.open_incident(
-            tr.kind, tr.entity, suspects, tr.first_hit_step(self.tracker.z_on), frame.step, ts,
+            tr.kind,
+            tr.entity,
+            suspects,
+            tr.first_hit_step(self.tracker.z_on),
+            frame.step,
+            ts,
             summary,
         )
 
-    def _job_shift(self, frame: StepFrame, ts: int, ratio: float, step_time: float) -> list[IncidentV1]:
+    def _job_shift(
+        self, frame: StepFrame, ts: int, ratio: float, step_time: float
+    ) -> list[IncidentV1]:
         """A confirmed job-wide level shift with no device to blame: a `job` incident."""
         if any(k[0] != "job" for k in self.book.open):
             return []

@@ -66,7 +66,9 @@ class EvidenceTracker:
             seen.add(key)
             tr = self.tracks.get(key)
             if tr is None:
-                tr = self.tracks[key] = Track(ent, kd, deque(maxlen=self.window), deque(maxlen=self.window))
+                tr = self.tracks[key] = Track(
+                    ent, kd, deque(maxlen=self.window), deque(maxlen=self.window)
+                )
             tr.z.append(zz)
             tr.steps.append(step)
             if zz >= self.z_on:
@@ -84,9 +86,7 @@ class EvidenceTracker:
             if tr.quiet >= self.window and key not in keep:
                 del self.tracks[key]
         return [
-            tr
-            for tr in self.tracks.values()
-            if tr.quiet == 0 and tr.hits(self.z_on) >= self.need
+            tr for tr in self.tracks.values() if tr.quiet == 0 and tr.hits(self.z_on) >= self.need
         ]
 
     def ranked(self) -> list[Track]:

@@ -39,7 +39,9 @@ def rank_label(frame: StepFrame, rank: int) -> str:
     if idx >= frame.n_ranks or frame.rank[idx] != rank:
         return f"rank {rank}"
     parts = [frame.nodes[frame.node[idx]]]
-    coords = [f"{d} {frame.coord(d)[idx]}" for d in ("tp", "pp", "dp", "ep") if frame.coord(d)[idx] >= 0]
+    coords = [
+        f"{d} {frame.coord(d)[idx]}" for d in ("tp", "pp", "dp", "ep") if frame.coord(d)[idx] >= 0
+    ]
     if coords:
         parts.append(" ".join(coords))
     return f"rank {rank} ({', '.join(parts)})"

@@ -53,7 +53,12 @@ class HangDetector:
         limit = (timeout_s or self.timeout_s) * _NS
         stuck: dict[tuple[str, int], set[int]] = {}
         info: dict[tuple[str, int], tuple[str, int, int]] = {}  # name, oldest start, step
+        # a rank inside any op (and still beating) is waiting, not the root; a silent rank
+        # (no heartbeat for a timeout) may have died inside its op: it can be the root
+        busy = {r for r, hb in self.last.items() if hb.inflight and now_ns - hb.ts_ns <= limit}
         for rank, hb in self.last.items():
+            if rank not in busy:
+                continue
             for op in hb.inflight:
                 if now_ns - op.start_ns > limit:
                     key = (op.group, op.seq)
@@ -62,13 +67,12 @@ class HangDetector:
                     info[key] = (op.name, min(start, op.start_ns), min(step, hb.step))
         if not stuck:
             return None
-        stuck_ranks = set().union(*stuck.values())
         waits_on: Counter[int] = Counter()
         for key, inside in stuck.items():
             missing = self.members.get(key[0], set()) - inside
             for m in missing:
                 waits_on[m] += len(inside)
-        roots = Counter({r: n for r, n in waits_on.items() if r not in stuck_ranks})
+        roots = Counter({r: n for r, n in waits_on.items() if r not in busy})
         oldest = min(stuck, key=lambda k: info[k][1])
         name, start, step = info[oldest]
         stuck_s = (now_ns - start) / _NS
@@ -79,8 +83,11 @@ class HangDetector:
             hb = self.last.get(culprit_rank)
             where = f" ({hb.node})" if hb else ""
             c_step = hb.step if hb else step
-            state = "silent" if hb is None or now_ns - hb.ts_ns > limit else "alive, no op in flight"
+            state = (
+                "silent" if hb is None or now_ns - hb.ts_ns > limit else "alive, no op in flight"
+            )
             groups = sorted({k[0] for k in stuck if culprit_rank in self.members.get(k[0], set())})
+            direct = waits_on[culprit_rank]
             return HangFinding(
                 kind="hang",
                 culprit=f"rank:{culprit_rank}",
@@ -88,8 +95,8 @@ class HangDetector:
                 suspects=[(f"rank:{r}", n / total) for r, n in ranked[:3]],
                 summary=(
                     f"rank {culprit_rank}{where} stopped in step {c_step} ({state}); "
-                    f"{len(stuck_ranks)} ranks wait for it in {', '.join(groups[:3]) or oldest[0]} "
-                    f"for {stuck_s:.0f} s"
+                    f"{len(busy)} ranks are blocked, {direct} of them directly on it in "
+                    f"{', '.join(groups[:3]) or oldest[0]}, for {stuck_s:.0f} s"
                 ),
                 stuck_s=stuck_s,
             )

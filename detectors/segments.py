@@ -14,6 +14,11 @@ def segment_starts(keys_sorted: np.ndarray) -> np.ndarray:
 
 def grouped_median(values: np.ndarray, keys: np.ndarray, n_keys: int) -> np.ndarray:
     """Median of `values` per integer key in [0, n_keys); NaN for empty keys."""
+    return grouped_quantile(values, keys, n_keys, 0.5)
+
+
+def grouped_quantile(values: np.ndarray, keys: np.ndarray, n_keys: int, q: float) -> np.ndarray:
+    """Quantile q (linear interpolation) of `values` per integer key; NaN for empty keys."""
     out = np.full(n_keys, np.nan)
     if values.size == 0:
         return out
@@ -22,9 +27,11 @@ def grouped_median(values: np.ndarray, keys: np.ndarray, n_keys: int) -> np.ndar
     v = values[order]
     starts = segment_starts(k)
     ends = np.r_[starts[1:], k.size]
-    lo = starts + (ends - starts - 1) // 2
-    hi = starts + (ends - starts) // 2
-    out[k[starts]] = 0.5 * (v[lo] + v[hi])
+    pos = starts + q * (ends - starts - 1)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.ceil(pos).astype(np.int64)
+    frac = pos - lo
+    out[k[starts]] = v[lo] * (1 - frac) + v[hi] * frac
     return out
 
 

@@ -20,13 +20,14 @@ import numpy as np
 from flare.detectors.features import Instances, StepFeatures
 from flare.detectors.frame import StepFrame
 from flare.detectors.peers import stage_keys
-from flare.detectors.segments import grouped_median, robust_sigma
+from flare.detectors.segments import grouped_median, grouped_quantile, robust_sigma
 from flare.schemas.rankstep import P2P
 
 Z_REPORT = 2.5  # report a suspect's step evidence from this significance on
 Z_CAP = 50.0  # one step never counts for more than this
 _NET_MIN_RATIO = np.log(1.1)  # a transfer 10% over its peers is the smallest we blame
 _NET_ROUNDS = 3
+REF_QUANTILE = 0.25
 
 
 @dataclass(slots=True)
@@ -54,7 +55,9 @@ class Topology:
     switch_of: dict[str, str] = field(default_factory=dict)
 
 
-def _node_stats(values: np.ndarray, node: np.ndarray, n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+def _node_stats(
+    values: np.ndarray, node: np.ndarray, n_nodes: int
+) -> tuple[np.ndarray, np.ndarray]:
     counts = np.bincount(node, minlength=n_nodes)
     return grouped_median(values, node, n_nodes), counts
 
@@ -68,7 +71,9 @@ def compute_ratio(frame: StepFrame, feats: StepFeatures) -> np.ndarray:
         return np.where(ref > 0, basis / ref, np.nan)
 
 
-def _compute_suspects(frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, out: Candidates) -> None:
+def _compute_suspects(
+    frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, out: Candidates
+) -> None:
     basis = feats.compute_s if feats.has_compute else feats.gap_s
     with np.errstate(divide="ignore", invalid="ignore"):
         x = np.log(ratio)
@@ -131,8 +136,12 @@ def _host_suspects(frame: StepFrame, feats: StepFeatures, out: Candidates) -> No
 
 
 def transfer_reference(inst: Instances) -> np.ndarray:
-    """(I,) median transfer of comparable instances (same kind, op, bytes, size, cross-node)
-    in this step; NaN where fewer than three are comparable."""
+    """(I,) normal transfer of comparable instances (same kind, op, bytes, size, cross-node)
+    in this step; NaN where fewer than three are comparable.
+
+    The lower quartile, not the median: a congested switch under half of the nodes slows
+    half of the instances of every signature, and the reference must stay healthy.
+    """
     ref = np.full(inst.transfer_s.size, np.nan)
     idx = np.flatnonzero(inst.cross_node & (inst.n_copies >= 2))
     if idx.size < 3:
@@ -143,7 +152,7 @@ def transfer_reference(inst: Instances) -> np.ndarray:
     _, sig = np.unique(sig_cols, axis=1, return_inverse=True)
     sig = sig.reshape(-1)
     n_sig = int(sig.max()) + 1
-    med = grouped_median(inst.transfer_s[idx], sig, n_sig)
+    med = grouped_quantile(inst.transfer_s[idx], sig, n_sig, REF_QUANTILE)
     ok = np.bincount(sig, minlength=n_sig)[sig] >= 3
     ref[idx[ok]] = med[sig[ok]]
     return ref
@@ -235,7 +244,11 @@ def _network_suspects(
         if total <= 0:
             break
         sums = np.bincount(ie, weights=e_left[ii], minlength=n_ent)
-        score = np.where(cnt > 0, sums / np.maximum(cnt, 1) * sums / total, 0.0)
+        s_in = sums / np.maximum(cnt, 1)
+        # specificity: instances that do not touch the entity must be faster, else the
+        # slowdown is everywhere (job-wide) and no single entity is to blame
+        s_out = (total - sums) / np.maximum(idx.size - cnt, 1)
+        score = np.where(cnt > 0, np.maximum(s_in - s_out, 0.0) * sums / total, 0.0)
         best = int(np.argmax(score))
         z = score[best] / s_ell
         if z < Z_REPORT:
@@ -252,7 +265,9 @@ def _network_suspects(
         e_left[ids] = 0.0
 
 
-def step_suspects(frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, topo: Topology) -> Candidates:
+def step_suspects(
+    frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, topo: Topology
+) -> Candidates:
     """All suspects of one step with their significance (robust z) and cost in seconds."""
     out = Candidates()
     if frame.n_ranks < 2:

@@ -236,10 +236,14 @@ def summarize_results(results: list[ScenarioResult], gpus: list[int], seeds: int
     overall = _metrics(results)
     return {
         "overall": overall,
-        "families": {f: _metrics(rs if f == "clean" else rs + []) for f, rs in sorted(fams.items())},
+        "families": {
+            f: _metrics(rs if f == "clean" else rs + []) for f, rs in sorted(fams.items())
+        },
         "gpus": gpus,
         "seeds": seeds,
         "clean_steps": sum(r.steps for r in clean),
         "misses": [asdict(r) for r in results if r.truth_culprit is not None and not r.top1][:50],
-        "false_alarms": [asdict(r) for r in results if r.truth_culprit is None and r.false_device][:50],
+        "false_alarms": [asdict(r) for r in results if r.truth_culprit is None and r.false_device][
+            :50
+        ],
     }

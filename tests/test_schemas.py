@@ -137,8 +137,15 @@ def test_any_op_entry_replaced_decodes_or_is_rejected_cleanly(field, i, value):
 def test_heartbeat_and_job_events_decode():
     hb = decode_heartbeat(
         orjson.dumps(
-            {"v": 1, "job": "j", "rank": 3, "node": "n", "ts_ns": 5, "step": 9,
-             "inflight": [{"group": "tp.0", "name": "all_reduce", "seq": 4, "start_ns": 1}]}
+            {
+                "v": 1,
+                "job": "j",
+                "rank": 3,
+                "node": "n",
+                "ts_ns": 5,
+                "step": 9,
+                "inflight": [{"group": "tp.0", "name": "all_reduce", "seq": 4, "start_ns": 1}],
+            }
         )
     )
     assert hb.inflight[0].seq == 4

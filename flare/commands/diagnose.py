@@ -10,7 +10,9 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("diagnose")
     def diagnose_cmd(
-        recording: Path = typer.Argument(..., exists=True, dir_okay=False, help="a .jsonl recording"),
+        recording: Path = typer.Argument(
+            ..., exists=True, dir_okay=False, help="a .jsonl recording"
+        ),
         as_json: bool = typer.Option(False, "--json", help="print a JSON list of incident v1"),
     ) -> None:
         """Print the incidents Flare finds in a recorded stream (final state of each)."""
@@ -33,10 +35,20 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(msgspec.json.encode(incidents).decode())
             return
-        table = Table(title=f"{len(incidents)} incident(s) in {res.steps} steps of {recording.name}")
+        table = Table(
+            title=f"{len(incidents)} incident(s) in {res.steps} steps of {recording.name}"
+        )
         for c in ("job", "kind", "culprit", "status", "onset", "opened", "slowdown", "summary"):
             table.add_column(c)
         for i in incidents:
-            table.add_row(i.job, i.kind, i.culprit, i.status, str(i.onset_step),
-                          str(i.opened_step), f"×{i.slowdown:.2f}", i.summary)
+            table.add_row(
+                i.job,
+                i.kind,
+                i.culprit,
+                i.status,
+                str(i.onset_step),
+                str(i.opened_step),
+                f"×{i.slowdown:.2f}",
+                i.summary,
+            )
         Console().print(table)

@@ -47,8 +47,15 @@ def register(app: typer.Typer) -> None:
             results = run_all(scen, jobs=jobs, progress=lambda _r: bar.advance(task))
         doc = summarize_results(results, sizes, seeds)
         table = Table(title=f"flare eval --gpus {gpus} --seeds {seeds}")
-        cols = ("scenarios", "top1", "top3", "kind", "false_per_10k_clean_steps",
-                "latency_steps_median", "latency_s_median")
+        cols = (
+            "scenarios",
+            "top1",
+            "top3",
+            "kind",
+            "false_per_10k_clean_steps",
+            "latency_steps_median",
+            "latency_s_median",
+        )
         table.add_column("family")
         for c in cols:
             table.add_column(c, justify="right")

@@ -1,0 +1,57 @@
+"""Hangs from heartbeats: the member missing from a stuck collective is the culprit."""
+
+from flare.detectors.hang import HangDetector
+from flare.schemas.wire import HeartbeatV1, InflightOp
+
+S = 1_000_000_000
+
+
+def hb(rank: int, ts_s: float, inflight=(), step: int = 7) -> HeartbeatV1:
+    return HeartbeatV1(
+        v=1,
+        job="j",
+        rank=rank,
+        node=f"n{rank // 2}",
+        ts_ns=int(ts_s * S),
+        step=step,
+        inflight=[
+            InflightOp(group=g, name=n, seq=q, start_ns=int(t * S)) for g, n, q, t in inflight
+        ],
+    )
+
+
+def test_rank_missing_from_stuck_collective_is_named_following_waits_for_chain():
+    d = HangDetector(timeout_s=10)
+    d.learn_members("tp.0", {0, 1, 2, 3})
+    d.learn_members("dp.0", {0, 4})
+    for t in range(0, 30):
+        d.observe(hb(0, t, [("tp.0", "all_reduce", 40, 1.0)]))
+        d.observe(hb(1, t, [("tp.0", "all_reduce", 40, 1.0)]))
+        d.observe(hb(3, t, [("tp.0", "all_reduce", 40, 1.2)]))
+        d.observe(hb(2, t))  # alive, computing forever
+        d.observe(hb(4, t, [("dp.0", "all_reduce", 9, 2.0)]))  # waits for rank 0 in dp
+    assert d.check(int(5 * S)) is None  # not yet past the timeout
+    f = d.check(int(20 * S))
+    assert f is not None
+    assert f.culprit == "rank:2"
+    assert f.onset_step == 7
+    assert "rank 2" in f.summary and "tp.0" in f.summary
+
+
+def test_all_members_in_flight_is_a_communication_hang():
+    d = HangDetector(timeout_s=5)
+    d.learn_members("dp.3", {0, 1})
+    for t in range(12):
+        d.observe(hb(0, t, [("dp.3", "reduce_scatter", 5, 0.5)]))
+        d.observe(hb(1, t, [("dp.3", "reduce_scatter", 5, 0.7)]))
+    f = d.check(int(12 * S))
+    assert f is not None and f.culprit == "group:dp.3"
+
+
+def test_ops_that_finish_in_time_are_no_hang():
+    d = HangDetector(timeout_s=5)
+    d.learn_members("tp.0", {0, 1})
+    for t in range(20):
+        d.observe(hb(0, t, [("tp.0", "all_reduce", t, t - 0.1)]))
+        d.observe(hb(1, t, [("tp.0", "all_reduce", t, t - 0.2)]))
+    assert d.check(int(20 * S)) is None
