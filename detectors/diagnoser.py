@@ -18,10 +18,10 @@ from flare.detectors.frame import StepFrame
 from flare.detectors.hang import HangDetector
 from flare.detectors.incidents import IncidentBook, OpenIncident
 from flare.detectors.irregularity import StepTimeBaseline
-from flare.detectors.report import DiagnoserOutput, Detection, StepReport
+from flare.detectors.report import Detection, DiagnoserOutput, StepReport
 from flare.detectors.rows import group_rows, rank_rows
 from flare.detectors.suspects import Topology, compute_ratio, step_suspects, transfer_reference
-from flare.schemas.rankstep import COMPUTE, RankStep
+from flare.schemas.rankstep import RankStep
 from flare.schemas.wire import HeartbeatV1, IncidentV1, JobV1, Suspect
 from flare.settings import DetectorSettings
 
@@ -118,13 +118,14 @@ class JobDiagnoser:
         self.now_ns = max(self.now_ns, ts)
         self.steps_seen += 1
         self.world = max(self.world, frame.n_ranks + int(frame.missing.size))
-        if self.steps_seen <= 3 or self.steps_seen % _MEMBERSHIP_EVERY == 0:
-            self._learn_membership(frame)
         feats = step_features(frame)
+        if self.steps_seen <= 3 or self.steps_seen % _MEMBERSHIP_EVERY == 0:
+            self._learn_membership(frame, feats)
         step_time = float(np.median(feats.span_s))
         irr = self.baseline.update(step_time)
         ratio = compute_ratio(frame, feats)
-        cands = step_suspects(frame, feats, ratio, self.topology)
+        ref = transfer_reference(feats.inst)
+        cands = step_suspects(frame, feats, ratio, self.topology, ref)
         keep = set(self.book.open)
         confirmed = self.tracker.update(
             frame.step, cands.entity, cands.kind, cands.z, cands.excess_s, cands.detail, keep
@@ -171,7 +172,7 @@ class JobDiagnoser:
                 irregular=irr.irregular,
                 level_shift=irr.level_shift,
                 ranks=rank_rows(frame, feats, ratio),
-                groups=group_rows(frame, feats, transfer_reference(feats.inst)),
+                groups=group_rows(frame, feats, ref),
                 detections=[
                     Detection(e, k, z, x)
                     for e, k, z, x in zip(
@@ -257,15 +258,21 @@ class JobDiagnoser:
         inc.resolved_step = step
         return inc.to_v1(self.job)
 
-    def _learn_membership(self, frame: StepFrame) -> None:
-        rows = np.flatnonzero(frame.op_kind != COMPUTE)
-        if rows.size == 0:
+    def _learn_membership(self, frame: StepFrame, feats: StepFeatures) -> None:
+        """Members of each group, from its first instance of the step (all members take
+        part in every instance), for the hang detector's waits-for graph."""
+        inst = feats.inst
+        if inst.transfer_s.size == 0:
             return
-        ri = frame.op_rank_index()[rows]
-        key = np.unique(frame.op_group[rows].astype(np.int64) * (frame.n_ranks + 1) + ri)
-        g, r = key // (frame.n_ranks + 1), key % (frame.n_ranks + 1)
+        first = np.full(len(frame.groups), np.iinfo(np.int64).max)
+        np.minimum.at(first, inst.group, inst.seq)
+        pick = inst.seq == first[inst.group]
+        copies = np.flatnonzero(pick[inst.copy_inst])
+        g = inst.group[inst.copy_inst[copies]]
+        order = np.argsort(g, kind="stable")
+        g = g[order]
+        ranks = frame.rank[inst.copy_rank[copies][order]]
         starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
         ends = np.r_[starts[1:], g.size]
-        ranks = frame.rank
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            self.hang.learn_members(frame.groups[int(g[a])], set(ranks[r[a:b]].tolist()))
+            self.hang.learn_members(frame.groups[int(g[a])], set(ranks[a:b].tolist()))

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from flare.detectors.frame import StepFrame
-from flare.detectors.segments import segment_starts
 from flare.schemas.rankstep import COMPUTE, P2P
 
 _NS = 1e-9
@@ -33,7 +32,7 @@ class Instances:
     mean_s: np.ndarray  # mean copy duration
     bytes: np.ndarray  # largest per-member buffer
     cross_node: np.ndarray  # bool: members on more than one node
-    # copy-level view (C copies, sorted by instance)
+    # copy-level view (C copies, in op order)
     copy_inst: np.ndarray  # (C,) instance index
     copy_rank: np.ndarray  # (C,) rank index
     copy_wait_s: np.ndarray  # (C,) own duration - transfer: time spent waiting for peers
@@ -71,43 +70,64 @@ def _busy_ns(frame: StepFrame, ri: np.ndarray) -> np.ndarray:
     return np.bincount(ri, weights=covered, minlength=frame.n_ranks)
 
 
+def instance_ids(group: np.ndarray, seq: np.ndarray, n_groups: int) -> tuple[np.ndarray, int]:
+    """Dense instance id of every (group, seq) copy, without sorting.
+
+    `seq` is a per-group counter, so within one step each group's seqs fill a short range:
+    ids are the group's base offset plus (seq - the group's first seq this step). Sorting
+    millions of keys would cost more than the whole diagnosis of a step.
+    """
+    if group.size == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    gmin = np.full(n_groups, np.iinfo(np.int64).max)
+    gmax = np.full(n_groups, np.iinfo(np.int64).min)
+    np.minimum.at(gmin, group, seq)
+    np.maximum.at(gmax, group, seq)
+    width = np.where(gmax >= gmin, gmax - gmin + 1, 0)
+    if int(width.sum()) > 4 * group.size + 1024:  # sparse seqs: fall back to a sort
+        key = (group.astype(np.int64) << _SEQ_BITS) | (seq & ((1 << _SEQ_BITS) - 1))
+        _, inv = np.unique(key, return_inverse=True)
+        inv = inv.reshape(-1)
+        return inv, int(inv.max()) + 1
+    base = np.zeros(n_groups, dtype=np.int64)
+    np.cumsum(width[:-1], out=base[1:])
+    slot = base[group] + (seq - gmin[group])
+    used = np.bincount(slot, minlength=int(width.sum())) > 0
+    renum = np.cumsum(used) - 1
+    return renum[slot], int(used.sum())
+
+
 def _instances(frame: StepFrame, ri: np.ndarray) -> Instances:
     rows = np.flatnonzero(frame.op_kind != COMPUTE)
-    key = (frame.op_group[rows].astype(np.int64) << _SEQ_BITS) | (
-        frame.op_seq[rows] & ((1 << _SEQ_BITS) - 1)
-    )
-    order = np.argsort(key, kind="stable")
-    rows = rows[order]
-    key = key[order]
-    starts = segment_starts(key)
-    n_inst = starts.size
-    copy_inst = np.repeat(np.arange(n_inst), np.diff(np.r_[starts, key.size]))
+    ids, n_inst = instance_ids(frame.op_group[rows], frame.op_seq[rows], len(frame.groups))
     dur = frame.op_dur_ns[rows] * _NS
-    if n_inst:
-        transfer = np.minimum.reduceat(dur, starts)
-        mean = np.add.reduceat(dur, starts) / np.diff(np.r_[starts, key.size])
-        nbytes = np.maximum.reduceat(frame.op_bytes[rows], starts)
-        node = frame.node[ri[rows]]
-        cross = np.minimum.reduceat(node, starts) != np.maximum.reduceat(node, starts)
-    else:
-        transfer = mean = np.zeros(0)
-        nbytes = np.zeros(0, dtype=np.int64)
-        cross = np.zeros(0, dtype=bool)
-    n_copies = np.diff(np.r_[starts, key.size])
+    n_copies = np.bincount(ids, minlength=n_inst)
+    transfer = np.full(n_inst, np.inf)
+    np.minimum.at(transfer, ids, dur)
+    mean = np.bincount(ids, weights=dur, minlength=n_inst) / np.maximum(n_copies, 1)
+    nbytes = np.zeros(n_inst, dtype=np.int64)
+    np.maximum.at(nbytes, ids, frame.op_bytes[rows])
+    node = frame.node[ri[rows]]
+    lo = np.full(n_inst, np.iinfo(np.int32).max, dtype=np.int64)
+    hi = np.full(n_inst, -1, dtype=np.int64)
+    np.minimum.at(lo, ids, node)
+    np.maximum.at(hi, ids, node)
+    first = np.zeros(n_inst, dtype=np.int64)
+    first[ids[::-1]] = rows[::-1]  # any copy's row; the last write wins = the first copy
     return Instances(
-        group=frame.op_group[rows[starts]] if n_inst else np.zeros(0, np.int32),
-        seq=frame.op_seq[rows[starts]] if n_inst else np.zeros(0, np.int64),
-        kind=frame.op_kind[rows[starts]] if n_inst else np.zeros(0, np.uint8),
-        name=frame.op_name[rows[starts]] if n_inst else np.zeros(0, np.int32),
+        group=frame.op_group[first],
+        seq=frame.op_seq[first],
+        kind=frame.op_kind[first],
+        name=frame.op_name[first],
         n_copies=n_copies,
         transfer_s=transfer,
         mean_s=mean,
         bytes=nbytes,
-        cross_node=cross,
-        copy_inst=copy_inst,
+        cross_node=lo != hi,
+        copy_inst=ids,
         copy_rank=ri[rows],
-        copy_wait_s=dur - transfer[copy_inst] if n_inst else np.zeros(0),
-        copy_late_s=mean[copy_inst] - dur if n_inst else np.zeros(0),
+        copy_wait_s=dur - transfer[ids],
+        copy_late_s=mean[ids] - dur,
     )
 
 

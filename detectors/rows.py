@@ -30,11 +30,16 @@ def group_rows(frame: StepFrame, feats: StepFeatures, ref: np.ndarray) -> GroupR
     if inst.transfer_s.size == 0:
         z = np.zeros(0)
         return GroupRows([], z.astype(np.int64), z.astype(np.int64), z, z, z, z)
-    used, g = np.unique(inst.group, return_inverse=True)
+    n_codes = len(frame.groups)
+    per_code = np.bincount(inst.group, minlength=n_codes)
+    used = np.flatnonzero(per_code)
+    dense = np.full(n_codes, -1)
+    dense[used] = np.arange(used.size)
+    g = dense[inst.group]
     G = used.size
     cg = g[inst.copy_inst]
-    pairs = np.unique(cg.astype(np.int64) * (frame.n_ranks + 1) + inst.copy_rank)
-    members = np.bincount(pairs // (frame.n_ranks + 1), minlength=G)
+    members = np.zeros(G, dtype=np.int64)
+    np.maximum.at(members, g, inst.n_copies)  # an instance has every traced member
     has_ref = np.isfinite(ref)
     t_sum = np.bincount(g, weights=np.where(has_ref, inst.transfer_s, 0.0), minlength=G)
     r_sum = np.bincount(g, weights=np.where(has_ref, ref, 0.0), minlength=G)

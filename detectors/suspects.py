@@ -146,10 +146,11 @@ def transfer_reference(inst: Instances) -> np.ndarray:
     idx = np.flatnonzero(inst.cross_node & (inst.n_copies >= 2))
     if idx.size < 3:
         return ref
-    sig_cols = np.stack(
-        [inst.kind[idx].astype(np.int64), inst.name[idx], inst.bytes[idx], inst.n_copies[idx]]
-    )
-    _, sig = np.unique(sig_cols, axis=1, return_inverse=True)
+    _, bcode = np.unique(inst.bytes[idx], return_inverse=True)
+    n_names = int(inst.name[idx].max()) + 1
+    key = (inst.kind[idx].astype(np.int64) * n_names + inst.name[idx]) * (int(bcode.max()) + 1)
+    key = (key + bcode.reshape(-1)) * (1 << 24) + np.minimum(inst.n_copies[idx], (1 << 24) - 1)
+    _, sig = np.unique(key, return_inverse=True)
     sig = sig.reshape(-1)
     n_sig = int(sig.max()) + 1
     med = grouped_quantile(inst.transfer_s[idx], sig, n_sig, REF_QUANTILE)
@@ -159,10 +160,9 @@ def transfer_reference(inst: Instances) -> np.ndarray:
 
 
 def _network_suspects(
-    frame: StepFrame, feats: StepFeatures, topo: Topology, out: Candidates
+    frame: StepFrame, feats: StepFeatures, topo: Topology, full_ref: np.ndarray, out: Candidates
 ) -> None:
     inst = feats.inst
-    full_ref = transfer_reference(inst)
     idx = np.flatnonzero(np.isfinite(full_ref) & (full_ref > 0))
     if idx.size < 3:
         return
@@ -266,7 +266,7 @@ def _network_suspects(
 
 
 def step_suspects(
-    frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, topo: Topology
+    frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, topo: Topology, ref: np.ndarray
 ) -> Candidates:
     """All suspects of one step with their significance (robust z) and cost in seconds."""
     out = Candidates()
@@ -274,5 +274,5 @@ def step_suspects(
         return out
     _compute_suspects(frame, feats, ratio, out)
     _host_suspects(frame, feats, out)
-    _network_suspects(frame, feats, topo, out)
+    _network_suspects(frame, feats, topo, ref, out)
     return out

@@ -1,0 +1,82 @@
+"""`flare simulate`: write a simulated cluster run (recording + ground truth) to disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("simulate")
+    def simulate_cmd(
+        gpus: int = typer.Option(256, help="cluster size, a power of two >= 8 (preset layout)"),
+        steps: int = typer.Option(200, min=1, help="training steps to simulate"),
+        fault: str | None = typer.Option(
+            None,
+            help="fault family: slow_gpu, thermal, slow_node, host, nic, switch, "
+            "pp_link, hang_rank, comm_hang (none: a clean run)",
+        ),  # fmt: skip
+        severity: float | None = typer.Option(
+            None, help="fault severity (default: the middle of the family's grid)"
+        ),
+        onset: int | None = typer.Option(None, min=0, help="first faulty step (default steps/4)"),
+        target: str | None = typer.Option(
+            None,
+            help="culprit, e.g. rank:17, node:node-0002, switch:leaf-01, "
+            "link:node-0001~node-0009, group:dp.3-1 (default: drawn from the seed)",
+        ),  # fmt: skip
+        seed: int = typer.Option(0, min=0, help="random seed (same seed, same run)"),
+        out: Path = typer.Option(Path("run.jsonl"), help="recording to write (.jsonl)"),
+        job: str | None = typer.Option(None, help="job id (default: derived from the options)"),
+        step_time: float = typer.Option(2.0, min=0.001, help="healthy step time, seconds"),
+        ep: int = typer.Option(1, min=1, help="MoE expert-parallel size (divides dp)"),
+        heartbeats: bool = typer.Option(True, help="emit ~1 Hz heartbeats per rank"),
+    ) -> None:
+        """Simulate a training job with an optional fault; write the recording and its truth."""
+        import orjson
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        from flare.producers.simulator import (
+            FAMILIES,
+            SEVERITIES,
+            ClusterSimulator,
+            Fault,
+            Scenario,
+            layout_for_gpus,
+        )
+        from flare.producers.simulator.recording import truth_path, write_simulation
+
+        console = Console(stderr=True)
+        try:
+            flt = None
+            if fault is not None:
+                if fault not in FAMILIES:
+                    raise ValueError(f"--fault must be one of {', '.join(FAMILIES)}")
+                grid = SEVERITIES[fault]
+                sev = severity if severity is not None else grid[len(grid) // 2]
+                flt = Fault(fault, sev, onset if onset is not None else steps // 4, target)
+            elif severity is not None or onset is not None or target is not None:
+                raise ValueError("--severity, --onset and --target need --fault")
+            name = job or f"sim-{gpus}-{fault or 'clean'}-s{seed}"
+            scenario = Scenario(
+                job=name, layout=layout_for_gpus(gpus, ep=ep), steps=steps, seed=seed,
+                fault=flt, step_time_s=step_time, heartbeats=heartbeats,
+            )  # fmt: skip
+            sim = ClusterSimulator(scenario)  # raises if the fault cannot happen on the layout
+        except ValueError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from None
+
+        with Progress(
+            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=console,
+        ) as progress:  # fmt: skip
+            task = progress.add_task(f"simulating {name}", total=steps)
+            truth = write_simulation(
+                sim, out, on_step=lambda s: progress.update(task, completed=s + 1)
+            )
+            progress.update(task, completed=steps)
+        console.print(f"wrote {out} and {truth_path(out)}")
+        typer.echo(orjson.dumps(truth.to_dict(), option=orjson.OPT_INDENT_2).decode())

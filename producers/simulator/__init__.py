@@ -1,0 +1,38 @@
+"""Cluster simulator with fault injection and ground truth: the test bench of the detectors.
+
+A `Scenario` (layout, steps, seed, optional `Fault`, clean `Noise`) becomes a stream of
+physically faithful steps: per-rank clocks, launch gaps, compute, collectives that end when
+their last member arrives, p2p rendezvous, GPipe pipelining. `ClusterSimulator.run()` yields
+`StepFrame`s and heartbeats for the fast path, `events()` the same run as wire-v1 messages,
+`write_recording()` a `.jsonl` recording with its `<stem>.truth.json`.
+"""
+
+from flare.producers.simulator.recording import read_truth, truth_path, write_recording
+from flare.producers.simulator.scenario import (
+    FAMILIES,
+    FAMILY_KIND,
+    SEVERITIES,
+    Fault,
+    GroundTruth,
+    Layout,
+    Noise,
+    Scenario,
+    layout_for_gpus,
+)
+from flare.producers.simulator.simulator import ClusterSimulator
+
+__all__ = [
+    "FAMILIES",
+    "FAMILY_KIND",
+    "SEVERITIES",
+    "ClusterSimulator",
+    "Fault",
+    "GroundTruth",
+    "Layout",
+    "Noise",
+    "Scenario",
+    "layout_for_gpus",
+    "read_truth",
+    "truth_path",
+    "write_recording",
+]

@@ -1,0 +1,253 @@
+"""Turn simulated steps into what the outside sees: StepFrames, rank-step messages, heartbeats.
+
+Times are rounded to integer ns once, on the true clock, and every derived number (offsets,
+durations, window ends) is a difference of rounded values, so ops never overlap, stay inside
+their window, and `t_end_ns` is exactly the end of the last op. Absolute stamps then get the
+node's clock offset added (clocks of different nodes disagree; durations do not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from flare.detectors.frame import StepFrame
+from flare.producers.simulator.engine import ALL_TO_ALL, NAMES, StepRecord
+from flare.producers.simulator.topology import Topology
+from flare.schemas.rankstep import COMPUTE, COORD_DIMS, RankStep
+from flare.schemas.wire import HeartbeatV1, InflightOp
+
+
+@dataclass
+class Clocks:
+    """How true (relative, float ns) time becomes each node's absolute stamps."""
+
+    epoch_ns: int  # absolute ns of true time 0 (job start)
+    skew_ns: np.ndarray  # (n_nodes,) int64 offset of each node's clock
+
+
+def _rint(a: np.ndarray) -> np.ndarray:
+    return np.rint(a).astype(np.int64)
+
+
+def build_frame(
+    topo: Topology, rec: StepRecord, job: str, clocks: Clocks
+) -> tuple[StepFrame, np.ndarray] | None:
+    """The StepFrame of the ranks that completed `rec` (None if none did) and their true t_end.
+
+    Ranks that never complete the step (hung, or waiting on a hung peer) are `missing`.
+    """
+    P, S = topo.layout.pp, topo.stage_size
+    done = np.isfinite(rec.t_end)
+    if not done.any():
+        return None
+    done_s = [done[s * S : (s + 1) * S] for s in range(P)]
+    n_s = [int(d.sum()) for d in done_s]
+    k_s = [rec.start[s].shape[0] for s in range(P)]
+    n_ops = sum(n * k for n, k in zip(n_s, k_s, strict=True))
+    op_kind = np.empty(n_ops, np.uint8)
+    op_name = np.empty(n_ops, np.int32)
+    op_group = np.empty(n_ops, np.int32)
+    op_seq = np.empty(n_ops, np.int64)
+    op_start = np.empty(n_ops, np.int64)
+    op_dur = np.empty(n_ops, np.int64)
+    op_bytes = np.empty(n_ops, np.int64)
+    ranks, counts = [], []
+    lo = 0
+    for s in range(P):
+        n, k, d = n_s[s], k_s[s], done_s[s]
+        if n == 0:
+            continue
+        hi = lo + n * k
+        full = n == S
+        sl = slice(s * S, (s + 1) * S)
+        # each destination is viewed as (n ranks, K ops): writing a transposed (K, n) block
+        # into it lays the ops out rank-major without an intermediate copy
+        st = rec.start[s] if full else rec.start[s][:, d]
+        en = rec.end[s] if full else rec.end[s][:, d]
+        ts = _rint(rec.t_start[sl] if full else rec.t_start[sl][d])
+        sti = _rint(st)
+        np.subtract(sti.T, ts[:, None], out=op_start[lo:hi].reshape(n, k))
+        np.subtract(_rint(en).T, sti.T, out=op_dur[lo:hi].reshape(n, k))
+        op_kind[lo:hi].reshape(n, k)[...] = rec.kind[s]
+        op_name[lo:hi].reshape(n, k)[...] = rec.name[s]
+        op_seq[lo:hi].reshape(n, k)[...] = rec.seq[s]
+        gid = topo.gid[s][rec.gtype[s]]  # (K, S)
+        op_group[lo:hi].reshape(n, k)[...] = (gid if full else gid[:, d]).T
+        nb = op_bytes[lo:hi].reshape(n, k)
+        nb[...] = rec.nbytes[s]
+        if rec.a2a_bytes is not None:
+            cols = rec.name[s] == ALL_TO_ALL
+            nb[:, cols] = (rec.a2a_bytes[sl] if full else rec.a2a_bytes[sl][d])[:, None]
+        ranks.append(np.flatnonzero(d) + s * S)
+        counts.append(np.full(n, k, dtype=np.int64))
+        lo = hi
+    rank = np.concatenate(ranks).astype(np.int64)
+    node = topo.node_of[rank]
+    t0 = _rint(rec.t_start[rank])
+    t1 = _rint(rec.t_end[rank])
+    skew = clocks.epoch_ns + clocks.skew_ns[node]
+    off = np.zeros(rank.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.concatenate(counts), out=off[1:])
+    frame = StepFrame(
+        job=job,
+        step=rec.step,
+        rank=rank,
+        node=node.astype(np.int32),
+        nodes=topo.node_names,
+        local_rank=topo.local_rank[rank],
+        coords=topo.coords[rank],
+        t_start_ns=t0 + skew,
+        t_end_ns=t1 + skew,
+        off=off,
+        op_kind=op_kind,
+        op_name=op_name,
+        op_group=op_group,
+        op_seq=op_seq,
+        op_start_ns=op_start,
+        op_dur_ns=op_dur,
+        op_bytes=op_bytes,
+        names=list(NAMES),
+        groups=topo.groups,
+        missing=np.flatnonzero(~done).astype(np.int64),
+    )
+    return frame, t1
+
+
+def rank_step(frame: StepFrame, i: int) -> RankStep:
+    """Row i of a frame as the decoded form of its `flare.steps.v1` message."""
+    lo, hi = int(frame.off[i]), int(frame.off[i + 1])
+    names, groups = frame.names, frame.groups
+    coords = {
+        dim: int(v) for dim, v in zip(COORD_DIMS, frame.coords[i].tolist(), strict=True) if v >= 0
+    }
+    return RankStep(
+        job=frame.job,
+        rank=int(frame.rank[i]),
+        node=frame.nodes[int(frame.node[i])],
+        step=frame.step,
+        t_start_ns=int(frame.t_start_ns[i]),
+        t_end_ns=int(frame.t_end_ns[i]),
+        kind=frame.op_kind[lo:hi],
+        name=[names[k] for k in frame.op_name[lo:hi].tolist()],
+        group=[groups[g] for g in frame.op_group[lo:hi].tolist()],
+        seq=frame.op_seq[lo:hi],
+        start_ns=frame.op_start_ns[lo:hi],
+        dur_ns=frame.op_dur_ns[lo:hi],
+        bytes=frame.op_bytes[lo:hi],
+        local_rank=int(frame.local_rank[i]),
+        coords=coords,
+    )
+
+
+def rank_steps(frame: StepFrame) -> list[RankStep]:
+    return [rank_step(frame, i) for i in range(frame.n_ranks)]
+
+
+@dataclass
+class HeartbeatBatch:
+    """Heartbeats of the ranks during one step's windows, sorted by true time."""
+
+    step: int
+    t: np.ndarray  # (n,) int64 true time
+    rank: np.ndarray  # (n,) int64
+    busy: np.ndarray  # (n,) bool: a coll/p2p op is in flight
+    group: np.ndarray  # (n,) int32 group index of the op in flight
+    name: np.ndarray  # (n,) int32
+    seq: np.ndarray  # (n,) int64
+    op_start: np.ndarray  # (n,) int64 true start of the op in flight
+
+    def __len__(self) -> int:
+        return int(self.t.shape[0])
+
+
+def heartbeat_batch(
+    topo: Topology, rec: StepRecord, phase: np.ndarray, period: float, stop: float
+) -> HeartbeatBatch | None:
+    """Heartbeats at phase_r + n·period that fall in each rank's window of this step.
+
+    The window ends at the rank's t_end or at `stop` (true time after which every rank has
+    stopped reporting, e.g. 40 s after a hang). The op in flight is the coll/p2p whose
+    [start, end) holds the heartbeat time; a blocked rank's op has end = inf, so it stays in
+    flight; a hung rank's unstarted ops have start = inf, so it reports none.
+    """
+    P, S = topo.layout.pp, topo.stage_size
+    out: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("t", "rank", "busy", "group", "name", "seq", "op_start")
+    }
+    for s in range(P):
+        sl = slice(s * S, (s + 1) * S)
+        ts = rec.t_start[sl]
+        te = np.minimum(rec.t_end[sl], stop)
+        ok = np.isfinite(ts) & np.isfinite(te) & (te > ts)
+        if not ok.any():
+            continue
+        ph = phase[sl]
+        ts_ok = np.where(ok, ts, 0.0)
+        te_ok = np.where(ok, te, 0.0)
+        lo = np.ceil((ts_ok - ph) / period)
+        hi = np.ceil((te_ok - ph) / period)
+        cnt = np.where(ok, np.maximum(hi - lo, 0), 0).astype(np.int64)
+        tot = int(cnt.sum())
+        if tot == 0:
+            continue
+        j = np.repeat(np.arange(S), cnt)
+        first = np.repeat(np.cumsum(cnt) - cnt, cnt)
+        x = ph[j] + (lo[j] + (np.arange(tot) - first)) * period
+        st = rec.start[s][:, j]
+        inside = (st <= x) & (x < rec.end[s][:, j]) & (rec.kind[s] != COMPUTE)[:, None]
+        busy = inside.any(axis=0)
+        col = inside.argmax(axis=0)
+        out["t"].append(_rint(x))
+        out["rank"].append(j + s * S)
+        out["busy"].append(busy)
+        out["group"].append(topo.gid[s][rec.gtype[s][col], j])
+        out["name"].append(rec.name[s][col])
+        out["seq"].append(rec.seq[s][col])
+        out["op_start"].append(_rint(np.where(busy, st[col, np.arange(tot)], 0.0)))
+    if not out["t"]:
+        return None
+    cat = {k: np.concatenate(v) for k, v in out.items()}
+    order = np.argsort(cat["t"], kind="stable")
+    return HeartbeatBatch(step=rec.step, **{k: v[order] for k, v in cat.items()})
+
+
+def heartbeat_values(b: HeartbeatBatch, job: str, topo: Topology, clocks: Clocks) -> list[dict]:
+    """Every heartbeat of a batch as a `flare.heartbeats.v1` value (node clock stamps)."""
+    node = topo.node_of[b.rank]
+    off = clocks.epoch_ns + clocks.skew_ns[node]
+    ts = (b.t + off).tolist()
+    op_start = (b.op_start + off).tolist()
+    node_names = [topo.node_names[n] for n in node.tolist()]
+    groups, busy = topo.groups, b.busy.tolist()
+    gid, name, seq = b.group.tolist(), b.name.tolist(), b.seq.tolist()
+    out = []
+    for i, r in enumerate(b.rank.tolist()):
+        inflight = []
+        if busy[i]:
+            inflight.append(
+                {"group": groups[gid[i]], "name": NAMES[name[i]], "seq": seq[i],
+                 "start_ns": op_start[i]}
+            )  # fmt: skip
+        out.append({"v": 1, "job": job, "rank": r, "node": node_names[i], "ts_ns": ts[i],
+                    "step": b.step, "inflight": inflight})  # fmt: skip
+    return out
+
+
+def heartbeat_structs(
+    b: HeartbeatBatch, job: str, topo: Topology, clocks: Clocks
+) -> list[HeartbeatV1]:
+    """Every heartbeat of a batch as the decoded message type."""
+    return [
+        HeartbeatV1(
+            v=1,
+            job=v["job"],
+            rank=v["rank"],
+            node=v["node"],
+            ts_ns=v["ts_ns"],
+            step=v["step"],
+            inflight=[InflightOp(**op) for op in v["inflight"]],
+        )  # fmt: skip
+        for v in heartbeat_values(b, job, topo, clocks)
+    ]

@@ -1,0 +1,193 @@
+"""Resolve a `Fault` against a topology: who is hit, how, from when, and the ground truth.
+
+The plan is the only place that knows fault semantics; the engine just applies the factors it
+hands out (compute × factor per rank, transfer × factor per instance, extra launch gaps, a
+stop). Fault randomness (thermal episodes, host delays, where a rank hangs) comes from its own
+random stream so a faulty run shares every noise draw with the clean run of the same seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flare.producers.simulator.scenario import Fault
+from flare.producers.simulator.topology import G_PP_NEXT, Topology
+
+COMPUTE_FAMILIES = ("slow_gpu", "thermal", "slow_node")
+LINK_FAMILIES = ("nic", "switch", "pp_link")
+HANG_FAMILIES = ("hang_rank", "comm_hang")
+
+
+@dataclass
+class FaultPlan:
+    """A fault bound to concrete ranks / instances, with its ground-truth entity."""
+
+    fault: Fault
+    kind: str
+    culprit: str
+    ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # per group kind, per stage: which instances get transfer × severity (link families)
+    link_hit: dict[int, list[np.ndarray]] | None = None
+    thermal_on: np.ndarray | None = None  # (steps,) bool, thermal episodes
+    hang_rank: int | None = None
+    hang_at: float = 0.0  # where in its step the rank stops, as a fraction of its ops
+    comm_group: tuple[int, int] | None = None  # (stage, tp index) of the hung dp group
+
+    @property
+    def family(self) -> str:
+        return self.fault.family
+
+    def active(self, step: int) -> bool:
+        if step < self.fault.onset_step:
+            return False
+        if self.thermal_on is not None:
+            return bool(self.thermal_on[min(step, len(self.thermal_on) - 1)])
+        return True
+
+    def compute_factor(self, step: int, world: int) -> np.ndarray | None:
+        """(world,) compute multiplier of this step, None when the fault leaves compute alone."""
+        if self.family not in COMPUTE_FAMILIES or not self.active(step):
+            return None
+        f = np.ones(world)
+        f[self.ranks] = self.fault.severity
+        return f
+
+
+def _parse_int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"fault target {text!r} is not a {what}") from None
+
+
+def _strip(target: str, prefix: str) -> str:
+    return target[len(prefix) :] if target.startswith(prefix) else target
+
+
+def _resolve_rank(topo: Topology, target: str | None, rng: np.random.Generator) -> int:
+    if target is None:
+        return int(rng.integers(topo.world))
+    r = _parse_int(_strip(target, "rank:"), "rank (rank:<n>)")
+    if not 0 <= r < topo.world:
+        raise ValueError(f"fault target rank {r} is outside the world of {topo.world} ranks")
+    return r
+
+
+def _resolve_node(topo: Topology, target: str | None, rng: np.random.Generator) -> int:
+    if target is None:
+        return int(rng.integers(topo.n_nodes))
+    name = _strip(target, "node:")
+    if name in topo.node_names:
+        return topo.node_names.index(name)
+    raise ValueError(
+        f"fault target {target!r} is not a node of this job "
+        f"({topo.node_names[0]} … {topo.node_names[-1]})"
+    )
+
+
+def _resolve_switch(topo: Topology, target: str | None, rng: np.random.Generator) -> int:
+    if topo.n_switches < 2:
+        raise ValueError(
+            "a switch fault needs at least 2 leaf switches; this layout has "
+            f"{topo.n_nodes} node(s) and {topo.n_switches} switch"
+        )
+    if target is None:
+        return int(rng.integers(topo.n_switches))
+    name = _strip(target, "switch:")
+    if name in topo.switch_names:
+        return topo.switch_names.index(name)
+    raise ValueError(f"fault target {target!r} is not a switch of this job")
+
+
+def _resolve_link(topo: Topology, target: str | None, rng: np.random.Generator) -> tuple[int, int]:
+    pairs = topo.p2p_node_pairs()
+    if not pairs:
+        raise ValueError("a pp_link fault needs pipeline p2p between different nodes (pp > 1)")
+    if target is None:
+        _, a, b, _ = pairs[int(rng.integers(len(pairs)))]
+        return a, b
+    ends = _strip(target, "link:").split("~")
+    if len(ends) != 2 or not all(e in topo.node_names for e in ends):
+        raise ValueError(f"fault target {target!r} is not link:<node>~<node> of this job")
+    a, b = sorted(topo.node_names.index(e) for e in ends)
+    if not any(p[1] == a and p[2] == b for p in pairs):
+        raise ValueError(f"no pipeline p2p runs between {ends[0]} and {ends[1]}")
+    return a, b
+
+
+def _resolve_dp_group(
+    topo: Topology, target: str | None, rng: np.random.Generator
+) -> tuple[int, int]:
+    lay = topo.layout
+    if lay.dp < 2:
+        raise ValueError("a comm_hang fault needs dp > 1 (it hangs a dp collective)")
+    if target is None:
+        return int(rng.integers(lay.pp)), int(rng.integers(lay.tp))
+    name = _strip(target, "group:")
+    if name in topo.group_index and name.startswith("dp."):
+        s, t = name[3:].split("-")
+        return int(s), int(t)
+    raise ValueError(f"fault target {target!r} is not a dp group (group:dp.<pp>-<tp>)")
+
+
+def _thermal_schedule(onset: int, steps: int, rng: np.random.Generator) -> np.ndarray:
+    """On/off episodes of 6–12 steps each, "on" first at onset (throttling comes and goes)."""
+    on = np.zeros(steps + 1, dtype=bool)
+    i, state = onset, True
+    while i < steps + 1:
+        n = int(rng.integers(6, 13))
+        on[i : i + n] = state
+        i += n
+        state = not state
+    return on
+
+
+def plan_fault(
+    fault: Fault,
+    topo: Topology,
+    steps: int,
+    target_rng: np.random.Generator,
+    fault_rng: np.random.Generator,
+) -> FaultPlan:
+    """Bind `fault` to this topology (clear ValueError when it cannot happen on it)."""
+    fam = fault.family
+    if fam in ("slow_gpu", "thermal"):
+        r = _resolve_rank(topo, fault.target, target_rng)
+        plan = FaultPlan(fault, fault.kind, topo.rank_entity(r), ranks=np.array([r]))
+        if fam == "thermal":
+            plan.thermal_on = _thermal_schedule(fault.onset_step, steps, fault_rng)
+        return plan
+    if fam in ("slow_node", "host", "nic"):
+        node = _resolve_node(topo, fault.target, target_rng)
+        ranks = np.flatnonzero(topo.node_of == node)
+        plan = FaultPlan(fault, fault.kind, topo.node_entity(node), ranks=ranks)
+        if fam == "nic":
+            if topo.n_nodes < 2:
+                raise ValueError("a nic fault needs at least 2 nodes (cross-node traffic)")
+            hit = np.zeros(topo.n_nodes, dtype=bool)
+            hit[node] = True
+            plan.link_hit = topo.instances_touching(hit)
+        return plan
+    if fam == "switch":
+        w = _resolve_switch(topo, fault.target, target_rng)
+        hit = topo.switch_of_node == w
+        plan = FaultPlan(fault, fault.kind, topo.switch_entity(w))
+        plan.link_hit = topo.instances_touching(hit)
+        return plan
+    if fam == "pp_link":
+        a, b = _resolve_link(topo, fault.target, target_rng)
+        plan = FaultPlan(fault, fault.kind, topo.link_entity(a, b))
+        plan.link_hit = {G_PP_NEXT: topo.link_mask(a, b)}
+        return plan
+    if fam == "hang_rank":
+        r = _resolve_rank(topo, fault.target, target_rng)
+        plan = FaultPlan(fault, fault.kind, topo.rank_entity(r), ranks=np.array([r]))
+        plan.hang_rank = r
+        plan.hang_at = float(fault_rng.uniform(0.05, 0.95))
+        return plan
+    s, t = _resolve_dp_group(topo, fault.target, target_rng)
+    plan = FaultPlan(fault, fault.kind, f"group:{topo.dp_group_name(s, t)}")
+    plan.comm_group = (s, t)
+    return plan

@@ -1,0 +1,251 @@
+"""What to simulate: the cluster layout, the fault, the clean noise, and the ground truth.
+
+These are plain frozen dataclasses so a scenario is hashable, printable and easy to put in an
+evaluation matrix; every constructor validates its fields, so a bad scenario fails at once with
+a sentence instead of producing a silently wrong recording.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FAMILIES: tuple[str, ...] = (
+    "slow_gpu",
+    "thermal",
+    "slow_node",
+    "host",
+    "nic",
+    "switch",
+    "pp_link",
+    "hang_rank",
+    "comm_hang",
+)
+
+# Severity grids of the evaluation matrix. Compute faults are slowdown factors (Holmes found
+# that below δ≈1.04 jitter dominates, hence 1.05 as the smallest slow GPU); link faults are
+# bandwidth divisors (DESIGN §8: NIC/link ÷1.5–10); host is the step time lost in launch gaps
+# (1.3 = the node's ranks lose 30% of a step); hangs have no severity (1.0).
+SEVERITIES: dict[str, tuple[float, ...]] = {
+    "slow_gpu": (1.05, 1.2, 1.5, 2.0),
+    "thermal": (1.2, 1.5, 2.0),
+    "slow_node": (1.1, 1.3, 1.5),
+    "host": (1.1, 1.3, 1.5),
+    "nic": (1.5, 3.0, 10.0),
+    "switch": (1.5, 3.0, 6.0),
+    "pp_link": (1.5, 3.0, 10.0),
+    "hang_rank": (1.0,),
+    "comm_hang": (1.0,),
+}
+
+# Incident kind (DESIGN §3) that a correct diagnosis of each family reports.
+FAMILY_KIND: dict[str, str] = {
+    "slow_gpu": "gpu",
+    "thermal": "gpu",
+    "slow_node": "node",
+    "host": "host",
+    "nic": "link",
+    "switch": "switch",
+    "pp_link": "link",
+    "hang_rank": "hang",
+    "comm_hang": "hang",
+}
+
+# Presets (tp, pp, dp): TP inside a node (8 GPUs), PP across nodes, DP the rest.
+_PRESETS: dict[int, tuple[int, int, int]] = {
+    8: (2, 2, 2),
+    16: (4, 2, 2),
+    32: (4, 2, 4),
+    64: (8, 2, 4),
+    128: (8, 2, 8),
+    256: (8, 4, 8),
+    512: (8, 4, 16),
+    1024: (8, 8, 16),
+    2048: (8, 8, 32),
+    4096: (8, 8, 64),
+    8192: (8, 8, 128),
+    16384: (8, 16, 128),
+}
+
+
+def _positive_int(owner: str, name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """3-D parallel layout; world = tp*pp*dp; ep (MoE all_to_all groups) divides dp."""
+
+    tp: int
+    pp: int
+    dp: int
+    ep: int = 1
+    gpus_per_node: int = 8
+    nodes_per_switch: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "ep", "gpus_per_node", "nodes_per_switch"):
+            _positive_int("Layout", name, getattr(self, name))
+        if self.dp % self.ep:
+            raise ValueError(f"Layout.ep={self.ep} must divide dp={self.dp}")
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def n_nodes(self) -> int:
+        return -(-self.world // self.gpus_per_node)
+
+    @property
+    def n_switches(self) -> int:
+        return -(-self.n_nodes // self.nodes_per_switch)
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def layout_for_gpus(gpus: int, ep: int = 1) -> Layout:
+    """The preset layout of a cluster of `gpus` GPUs (a power of two ≥ 8).
+
+    Small clusters get fewer nodes per leaf switch (half the nodes, at most 16) so that they
+    still have two switches and a switch fault can be simulated on them.
+    """
+    if not isinstance(gpus, int) or gpus < 8 or gpus & (gpus - 1):
+        raise ValueError(f"gpus must be a power of two >= 8, got {gpus!r}")
+    if gpus in _PRESETS:
+        tp, pp, dp = _PRESETS[gpus]
+    else:  # beyond the presets: TP8 inside a node, PP16, the rest DP
+        tp, pp = 8, 16
+        dp = gpus // (tp * pp)
+    nodes = gpus // 8
+    nodes_per_switch = 16 if nodes >= 32 else max(1, nodes // 2)
+    return Layout(tp=tp, pp=pp, dp=dp, ep=ep, gpus_per_node=8, nodes_per_switch=nodes_per_switch)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault, active from `onset_step` on (target None: drawn from the seed)."""
+
+    family: str
+    severity: float
+    onset_step: int
+    target: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"Fault.family {self.family!r} is not one of {', '.join(FAMILIES)}")
+        if not isinstance(self.severity, int | float) or not math.isfinite(self.severity):
+            raise ValueError(f"Fault.severity must be a finite number, got {self.severity!r}")
+        if self.severity < 1.0:
+            raise ValueError(f"Fault.severity must be >= 1.0 (a slowdown), got {self.severity}")
+        if not isinstance(self.onset_step, int) or self.onset_step < 0:
+            raise ValueError(f"Fault.onset_step must be an integer >= 0, got {self.onset_step!r}")
+
+    @property
+    def kind(self) -> str:
+        return FAMILY_KIND[self.family]
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Clean noise that must NOT become device incidents; all on by default (0 turns one off)."""
+
+    jitter: float = 0.01
+    data_jitter: float = 0.02
+    net_jitter: float = 0.03
+    gc_every: int = 40
+    rank_gc_prob: float = 0.02
+    checkpoint_every: int = 100
+    eval_every: int = 0
+    level_shift_step: int | None = None
+    level_shift: float = 1.15
+    moe_imbalance: float = 0.3
+    clock_skew_ms: float = 20.0
+
+    def __post_init__(self) -> None:
+        for name in ("jitter", "data_jitter", "net_jitter", "moe_imbalance", "clock_skew_ms"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"Noise.{name} must be a finite number >= 0, got {v!r}")
+        for name in ("gc_every", "checkpoint_every", "eval_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"Noise.{name} must be an integer >= 0 (0: off), got {v!r}")
+        if not 0.0 <= self.rank_gc_prob <= 1.0:
+            raise ValueError(f"Noise.rank_gc_prob must be in [0, 1], got {self.rank_gc_prob!r}")
+        if self.level_shift <= 0:
+            raise ValueError(f"Noise.level_shift must be > 0, got {self.level_shift!r}")
+
+    @classmethod
+    def quiet(cls) -> Noise:
+        """No noise at all: every rank identical, no pauses (for calibration and unit tests)."""
+        return cls(
+            jitter=0.0, data_jitter=0.0, net_jitter=0.0, gc_every=0, rank_gc_prob=0.0,
+            checkpoint_every=0, eval_every=0, level_shift_step=None, level_shift=1.0,
+            moe_imbalance=0.0, clock_skew_ms=0.0,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One simulated job: layout, length, seed, optional fault and the clean noise."""
+
+    job: str
+    layout: Layout
+    steps: int
+    seed: int
+    fault: Fault | None = None
+    noise: Noise = field(default_factory=Noise)
+    step_time_s: float = 2.0
+    microbatches: int = 4
+    chunks: int = 2
+    heartbeats: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.job, str) or not 1 <= len(self.job) <= 256:
+            raise ValueError(f"Scenario.job must be a non-empty string, got {self.job!r}")
+        for name in ("steps", "microbatches", "chunks"):
+            _positive_int("Scenario", name, getattr(self, name))
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"Scenario.seed must be an integer >= 0, got {self.seed!r}")
+        if not (self.step_time_s > 0 and math.isfinite(self.step_time_s)):
+            raise ValueError(f"Scenario.step_time_s must be > 0, got {self.step_time_s!r}")
+        if self.fault is not None and self.fault.onset_step >= self.steps:
+            raise ValueError(
+                f"Fault.onset_step={self.fault.onset_step} must be below steps={self.steps}"
+            )
+
+
+@dataclass(frozen=True)
+class GroundTruth:
+    """What a perfect diagnosis says; written next to a recording as <stem>.truth.json.
+
+    `onset_ts_ns` is on the reference clock (no node skew): the earliest start of the onset
+    step over all ranks, or for a hang the moment the rank / collective stopped.
+    """
+
+    job: str
+    family: str | None
+    kind: str | None
+    culprit: str | None
+    onset_step: int | None
+    onset_ts_ns: int | None
+    severity: float | None
+    layout: dict
+    gpus: int
+    steps: int
+    seed: int
+    step_time_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GroundTruth:
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"not a ground truth document: {exc}") from None
