@@ -1,0 +1,51 @@
+"""The FastAPI application: SRE questions about incidents and jobs, answered from ClickHouse.
+
+`create_app` takes a built store (and optionally a readiness check from the embedding
+process), so the same app runs standalone (`flare api`), inside the worker's process (which
+owns an embedded chDB) and in tests; it builds no clients and reads no settings itself.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import APIRouter, FastAPI
+
+from flare.api import problems
+from flare.api.deps import Ready
+from flare.api.routes import health, incidents, jobs
+from flare.streams.clickhouse import ClickHouse
+from flare.streams.queries import Queries
+
+
+def _version() -> str:
+    try:
+        return version("flare-diagnosis")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "0+unknown"
+
+
+def create_app(store: Queries | ClickHouse, ready: Ready | None = None) -> FastAPI:
+    """The API over `store` (a Queries, or a ClickHouse client to read through one);
+    `ready()` -> (ok, reason) joins /readyz when given."""
+    if isinstance(store, ClickHouse):
+        store = Queries(store)
+    app = FastAPI(
+        title="Flare",
+        version=_version(),
+        description="Always-on diagnosis of slow GPUs, nodes, hosts and links in distributed "
+        "training: incidents, job health, step series and per-rank scores. Errors are RFC "
+        "9457 problem+json.",
+        openapi_url="/openapi.json",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.store = store
+    app.state.ready = ready
+    problems.install(app)
+    app.include_router(health.router)
+    v1 = APIRouter(prefix="/v1")
+    v1.include_router(incidents.router)
+    v1.include_router(jobs.router)
+    app.include_router(v1)
+    return app

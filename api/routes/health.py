@@ -1,0 +1,34 @@
+"""Liveness and readiness: what an orchestrator (Kubernetes, compose, `flare up`) polls."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from flare.api.deps import ReadyDep, StoreDep
+from flare.api.models import Status
+from flare.api.problems import ProblemError, responses
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=Status)
+def healthz() -> Status:
+    """The process is up and serving HTTP (nothing else is checked)."""
+    return Status(status="ok")
+
+
+@router.get("/readyz", response_model=Status, responses=responses(503))
+def readyz(store: StoreDep, ready: ReadyDep) -> Status:
+    """Ready to answer: the embedding process says so (e.g. the worker's liveness watchdog)
+    and ClickHouse answers a query. Otherwise 503 problem+json with the reason."""
+    detail = None
+    if ready is not None:
+        try:
+            ok, detail = ready()
+        except Exception as exc:  # a failing check means not ready, never a 500
+            ok, detail = False, f"readiness check failed: {exc}"
+        if not ok:
+            raise ProblemError(503, detail or "not ready")
+    if not store.ping():
+        raise ProblemError(503, "ClickHouse does not answer")
+    return Status(status="ready", detail=detail or None)

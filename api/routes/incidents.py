@@ -1,0 +1,90 @@
+"""/v1/incidents: the incidents Flare opened, filtered and paged, and one with its evidence."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from flare.api.deps import Offset, StoreDep, decode_cursor, encode_cursor, parse_time
+from flare.api.models import (
+    Evidence,
+    Incident,
+    IncidentDetail,
+    IncidentKind,
+    IncidentPage,
+    IncidentStatus,
+)
+from flare.api.problems import bad_parameter, not_found, responses
+
+router = APIRouter(prefix="/incidents", tags=["incidents"])
+
+TIME_HELP = "integer nanoseconds since the epoch, or ISO 8601 (UTC when no offset is given)"
+
+
+@router.get("", response_model=IncidentPage, responses=responses(422, 503))
+def list_incidents(
+    store: StoreDep,
+    job: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+    status: IncidentStatus | None = None,
+    kind: IncidentKind | None = None,
+    since: Annotated[
+        str | None, Query(max_length=64, description=f"opened at or after; {TIME_HELP}")
+    ] = None,
+    until: Annotated[
+        str | None, Query(max_length=64, description=f"opened before; {TIME_HELP}")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Offset = 0,
+    cursor: Annotated[
+        str | None, Query(max_length=1024, description="`next_cursor` of the previous page")
+    ] = None,
+) -> IncidentPage:
+    """Incidents, newest opening first. Page with `cursor` (stable while new incidents
+    arrive) or with `offset`."""
+    since_ns = parse_time("since", since)
+    until_ns = parse_time("until", until)
+    if since_ns is not None and until_ns is not None and since_ns >= until_ns:
+        raise bad_parameter("until", "must be later than since")
+    before = decode_cursor(cursor)
+    if before is not None and offset:
+        raise bad_parameter("offset", "give either offset or cursor, not both")
+    rows = store.incidents(
+        job=job, status=status, kind=kind, since_ns=since_ns, until_ns=until_ns,
+        limit=limit, offset=offset, before=before,
+    )
+    items = [Incident.model_validate(r) for r in rows]
+    last = items[-1] if len(items) == limit else None
+    return IncidentPage(
+        items=items, limit=limit, offset=offset,
+        next_cursor=encode_cursor(last.opened_ts_ns, last.id) if last else None,
+    )
+
+
+@router.get(
+    "/{incident_id:path}", response_model=IncidentDetail, responses=responses(404, 422, 503)
+)
+def get_incident(
+    incident_id: str,
+    store: StoreDep,
+    max_points: Annotated[
+        int, Query(ge=10, le=10_000, description="at most this many steps in the series")
+    ] = 2000,
+) -> IncidentDetail:
+    """One incident with its evidence: the job's step time and δ from the onset to the last
+    step (every stride-th step when longer than `max_points`), the suspects, and the culprit's
+    per-step detections."""
+    inc = store.incident(incident_id)
+    if inc is None:
+        raise not_found(f"no incident with id {incident_id!r}")
+    lo = max(int(inc["onset_step"]), 0)
+    hi = max(int(inc["last_step"]), int(inc["resolved_step"] or 0), lo)
+    stride = max(1, math.ceil((hi - lo + 1) / max_points))
+    steps = store.steps(inc["job"], from_step=lo, to_step=hi, limit=max_points, stride=stride)
+    detections = store.detections(inc["job"], inc["culprit"], lo, hi, limit=10_000)
+    evidence = Evidence(
+        from_step=lo, to_step=hi, stride=stride, steps=steps,
+        culprit_detections=detections, suspects=inc["suspects"],
+    )
+    return IncidentDetail.model_validate({**inc, "evidence": evidence})
