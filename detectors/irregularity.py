@@ -3,8 +3,10 @@
 A step is irregular when it is δ× longer than the window's normal (the median of the last W
 regular steps). Irregular steps are classed: a lone `spike` (GC, checkpoint, eval), a
 `fluctuation` (irregular on and off), or `persistent` (several in a row). A persistent shift
-is confirmed by ADWIN on log step time and kept only if the level moved ≥10% (Greyhound);
-then the baseline is rebuilt from the new level so δ stays meaningful as the job changes.
+is confirmed by Page-Hinkley (river) on the standardized log step time — clipped, so one
+GC or checkpoint spike cannot fake a drift — and kept only if the level moved ≥10%
+(Greyhound); then the baseline is rebuilt from the new level so δ stays meaningful as the
+job changes (Holmes' drift problem).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from river import drift
 WARMUP = 5
 PERSISTENT_RUN = 3
 MIN_SHIFT = 0.10  # Greyhound keeps change points whose mean moved ≥10%
-ADWIN_DELTA = 1e-4  # DESIGN §6: δ 1e-4…1e-5 for latency level shifts
+Z_CLIP = 10.0  # one step moves the Page-Hinkley sum by at most this many σ
+PH_THRESHOLD = 30.0  # ≈3 steps of a 10σ shift
+PH_DELTA = 0.5  # tolerated drift per step, in σ
+SIGMA_FLOOR = 0.01  # 1% step-to-step jitter at least
 
 
 @dataclass(slots=True)
@@ -40,7 +45,18 @@ class StepTimeBaseline:
         self._recent: deque[float] = deque(maxlen=max(window // 5, 8))
         self._flags: deque[bool] = deque(maxlen=5)
         self._run = 0
-        self._adwin = drift.ADWIN(delta=ADWIN_DELTA)
+        self._ph = self._new_ph()
+
+    @staticmethod
+    def _new_ph() -> drift.PageHinkley:
+        return drift.PageHinkley(
+            min_instances=WARMUP, delta=PH_DELTA, threshold=PH_THRESHOLD, mode="both"
+        )
+
+    def _sigma(self) -> float:
+        logs = np.log(np.asarray(self._normal))
+        mad = float(np.median(np.abs(logs - np.median(logs)))) if logs.size else 0.0
+        return max(1.4826 * mad, SIGMA_FLOOR)
 
     @property
     def baseline_s(self) -> float:
@@ -50,14 +66,17 @@ class StepTimeBaseline:
         """Classify one step and learn from it."""
         t = max(step_time_s, 1e-9)
         self._recent.append(t)
-        self._adwin.update(float(np.log(t)))
         shift = False
         ratio = 1.0
-        if self._adwin.drift_detected and len(self._normal) >= WARMUP:
+        if len(self._normal) >= WARMUP:
+            z = (np.log(t) - np.log(self.baseline_s)) / self._sigma()
+            self._ph.update(float(np.clip(z, -Z_CLIP, Z_CLIP)))
+        if self._ph.drift_detected and len(self._normal) >= WARMUP:
             new_level = float(np.median(list(self._recent)[-PERSISTENT_RUN:]))
             ratio = new_level / self.baseline_s
             if abs(ratio - 1.0) >= MIN_SHIFT and self._run >= PERSISTENT_RUN - 1:
                 shift = True
+                self._ph = self._new_ph()
                 self._normal.clear()
                 self._normal.extend(list(self._recent)[-PERSISTENT_RUN:])
                 self._run = 0

@@ -28,6 +28,8 @@ Z_CAP = 50.0  # one step never counts for more than this
 _NET_MIN_RATIO = np.log(1.1)  # a transfer 10% over its peers is the smallest we blame
 _NET_ROUNDS = 3
 REF_QUANTILE = 0.25
+_NET_SIGMA_FLOOR = 0.03
+_NODE_TIE = 0.8  # a node within 80% of the best one's score is a tie
 
 
 @dataclass(slots=True)
@@ -168,7 +170,9 @@ def _network_suspects(
         return
     ref = full_ref[idx]
     ell = np.log(np.maximum(inst.transfer_s[idx], 1e-12) / ref)
-    s_ell = robust_sigma(ell, 0.03)
+    # noise from the healthy side only: ℓ is relative to each signature's lower quartile,
+    # so the pooled 10th percentile sits at ≈ -0.607σ even when most instances are slow
+    s_ell = max(float(-np.quantile(ell, 0.10)) / 0.607, _NET_SIGMA_FLOOR)
     e = np.where(ell > max(3 * s_ell, _NET_MIN_RATIO), ell, 0.0)
     if not e.any():
         return
@@ -253,6 +257,10 @@ def _network_suspects(
         z = score[best] / s_ell
         if z < Z_REPORT:
             break
+        if ent_kinds[best] == "link" and ent_nodes[best].size == 1:
+            best = _disambiguate_node(best, score, ent_names, ent_kinds, ent_nodes)
+            if best < 0:
+                break  # several nodes explain it equally and no switch holds them all
         ids = ii[ie == best]
         ratio = float(np.exp(e_left[ids][e_left[ids] > 0].mean()))
         out.add(
@@ -263,6 +271,32 @@ def _network_suspects(
             f"transfers ×{ratio:.2f} on {int((e_left[ids] > 0).sum())} of {ids.size} instances",
         )
         e_left[ids] = 0.0
+
+
+def _disambiguate_node(
+    best: int,
+    score: np.ndarray,
+    names: list[str],
+    kinds: list[str],
+    nodes: list[np.ndarray],
+) -> int:
+    """A node is blamed only if it stands out; nodes tied with it point to what they share.
+
+    When several nodes explain the slow transfers equally (every dp group of a stage spans
+    all its nodes, and all pipeline links are slow), no NIC is singled out: the smallest
+    switch under which all of them sit is the suspect, or nobody.
+    """
+    is_node = np.array([k == "link" and n.size == 1 for k, n in zip(kinds, nodes, strict=True)])
+    tied = np.flatnonzero(is_node & (score >= _NODE_TIE * score[best]))
+    if tied.size <= 1:
+        return best
+    tied_nodes = {int(nodes[i][0]) for i in tied}
+    holders = [
+        i for i, k in enumerate(kinds) if k == "switch" and tied_nodes <= set(nodes[i].tolist())
+    ]
+    if not holders:
+        return -1
+    return min(holders, key=lambda i: nodes[i].size)
 
 
 def step_suspects(
