@@ -30,7 +30,7 @@ class Instances:
     n_copies: np.ndarray  # int64
     transfer_s: np.ndarray  # shortest copy: the last arriver's, ≈ pure transfer
     mean_s: np.ndarray  # mean copy duration
-    bytes: np.ndarray  # largest per-member buffer
+    bytes: np.ndarray  # the first copy's buffer size
     cross_node: np.ndarray  # bool: members on more than one node
     # copy-level view (C copies, in op order)
     copy_inst: np.ndarray  # (C,) instance index
@@ -105,15 +105,13 @@ def _instances(frame: StepFrame, ri: np.ndarray) -> Instances:
     transfer = np.full(n_inst, np.inf)
     np.minimum.at(transfer, ids, dur)
     mean = np.bincount(ids, weights=dur, minlength=n_inst) / np.maximum(n_copies, 1)
-    nbytes = np.zeros(n_inst, dtype=np.int64)
-    np.maximum.at(nbytes, ids, frame.op_bytes[rows])
-    node = frame.node[ri[rows]]
-    lo = np.full(n_inst, np.iinfo(np.int32).max, dtype=np.int64)
-    hi = np.full(n_inst, -1, dtype=np.int64)
-    np.minimum.at(lo, ids, node)
-    np.maximum.at(hi, ids, node)
     first = np.zeros(n_inst, dtype=np.int64)
     first[ids[::-1]] = rows[::-1]  # any copy's row; the last write wins = the first copy
+    # cross-node: some copy sits on another node than the first copy (no min/max scatter)
+    node = frame.node[ri[rows]]
+    other = node != frame.node[ri[first]][ids]
+    cross = np.bincount(ids, weights=other, minlength=n_inst) > 0
+    nbytes = frame.op_bytes[first]  # the signature's size; all_to_all members may differ
     return Instances(
         group=frame.op_group[first],
         seq=frame.op_seq[first],
@@ -123,7 +121,7 @@ def _instances(frame: StepFrame, ri: np.ndarray) -> Instances:
         transfer_s=transfer,
         mean_s=mean,
         bytes=nbytes,
-        cross_node=lo != hi,
+        cross_node=cross,
         copy_inst=ids,
         copy_rank=ri[rows],
         copy_wait_s=dur - transfer[ids],

@@ -42,3 +42,11 @@ def robust_sigma(x: np.ndarray, floor: float) -> float:
         return floor
     med = np.median(x)
     return max(float(1.4826 * np.median(np.abs(x - med))), floor)
+
+
+def unique_ints(x: np.ndarray) -> np.ndarray:
+    """Sorted unique values of an integer array (a plain sort: faster than hashing here)."""
+    if x.size == 0:
+        return x
+    y = np.sort(x)
+    return y[np.r_[True, y[1:] != y[:-1]]]

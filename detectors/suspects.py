@@ -20,7 +20,7 @@ import numpy as np
 from flare.detectors.features import Instances, StepFeatures
 from flare.detectors.frame import StepFrame
 from flare.detectors.peers import stage_keys
-from flare.detectors.segments import grouped_median, grouped_quantile, robust_sigma
+from flare.detectors.segments import grouped_median, grouped_quantile, robust_sigma, unique_ints
 from flare.schemas.rankstep import P2P
 
 Z_REPORT = 2.5  # report a suspect's step evidence from this significance on
@@ -186,7 +186,7 @@ def _network_suspects(
     c_rank = inst.copy_rank[keep]
     c_node = frame.node[c_rank]
     n_nodes = len(frame.nodes)
-    pair = np.unique(c_pos * n_nodes + c_node)
+    pair = unique_ints(c_pos * n_nodes + c_node)
     p_inst, p_node = pair // n_nodes, pair % n_nodes
     rank_extra = np.bincount(c_rank, weights=extra_s[c_pos], minlength=frame.n_ranks)
     node_extra = np.zeros(n_nodes)
@@ -198,7 +198,7 @@ def _network_suspects(
     ent_nodes: list[np.ndarray] = []
     inc_ent: list[np.ndarray] = []
     inc_inst: list[np.ndarray] = []
-    used_nodes = np.unique(p_node)
+    used_nodes = np.flatnonzero(np.bincount(p_node, minlength=n_nodes))
     node_eid = np.full(n_nodes, -1)
     node_eid[used_nodes] = np.arange(used_nodes.size)
     for n in used_nodes:
@@ -230,7 +230,7 @@ def _network_suspects(
             node_sw = np.array([sw_index.get(topo.switch_of.get(nm, ""), -1) for nm in frame.nodes])
             psw = node_sw[p_node]
             has = psw >= 0
-            sw_pair = np.unique(p_inst[has] * len(sw_names) + psw[has])
+            sw_pair = unique_ints(p_inst[has] * len(sw_names) + psw[has])
             base = len(ent_names)
             for s, sname in enumerate(sw_names):
                 ent_names.append(f"switch:{sname}")

@@ -91,15 +91,33 @@ def clean_scenarios(gpus: Iterable[int], total_steps: int = CLEAN_STEPS_TOTAL) -
         ("skew", lambda lay: (lay, Noise(clock_skew_ms=50.0, data_jitter=0.03))),
     ]
     per_run = 250
-    runs = max(1, -(-total_steps // per_run))
+    # clean steps per layout ∝ 1/gpus (a large step costs proportionally more to simulate
+    # and diagnose), at least one run per layout; the total reaches `total_steps`
+    weights = [1.0 / g for g in gpus]
+    runs_per = [max(1, round(total_steps / per_run * w / sum(weights))) for w in weights]
     out = []
-    for i in range(runs):
-        g = gpus[i % len(gpus)]
-        vname, make = variants[(i // len(gpus)) % len(variants)]
-        layout, noise = make(layout_for_gpus(g))
+    i = 0
+    for g, n_runs in zip(gpus, runs_per, strict=True):
+        for k in range(n_runs):
+            vname, make = variants[k % len(variants)]
+            layout, noise = make(layout_for_gpus(g))
+            out.append(
+                Scenario(
+                    job=f"clean-{vname}-{g}g-r{k}",
+                    layout=layout,
+                    steps=per_run,
+                    seed=_seed("clean", k, g),
+                    noise=noise,
+                    heartbeats=False,
+                )
+            )
+            i += 1
+    while sum(sc.steps for sc in out) < total_steps:  # rounding: top up on the smallest
+        g = min(gpus)
+        layout, noise = variants[i % len(variants)][1](layout_for_gpus(g))
         out.append(
             Scenario(
-                job=f"clean-{vname}-{g}g-r{i}",
+                job=f"clean-extra-{g}g-r{i}",
                 layout=layout,
                 steps=per_run,
                 seed=_seed("clean", i, g),
@@ -107,6 +125,7 @@ def clean_scenarios(gpus: Iterable[int], total_steps: int = CLEAN_STEPS_TOTAL) -
                 heartbeats=False,
             )
         )
+        i += 1
     return out
 
 

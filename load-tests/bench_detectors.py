@@ -1,0 +1,83 @@
+"""Benchmark: the detectors alone on whole 8,192-GPU steps with ~800 ops per rank.
+
+Usage: python load-tests/bench_detectors.py [--gpus 8192] [--microbatches 16] [--chunks 12]
+       [--steps 7]
+Steps are simulated first (not timed), then fed to one JobDiagnoser on one core; the
+median of the timed steps is reported, with the split between the stages, and the cost of
+assembling the same step from its 8,192 per-rank messages (what the worker does before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+
+from flare.detectors.assembly import StepAssembler
+from flare.detectors.diagnoser import JobDiagnoser
+from flare.detectors.features import step_features
+from flare.detectors.suspects import Topology, compute_ratio, step_suspects, transfer_reference
+from flare.producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpus", type=int, default=8192)
+    ap.add_argument("--microbatches", type=int, default=16)
+    ap.add_argument("--chunks", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=7)
+    args = ap.parse_args()
+    sc = Scenario(
+        job="bench",
+        layout=layout_for_gpus(args.gpus),
+        steps=args.steps + 2,
+        seed=1,
+        microbatches=args.microbatches,
+        chunks=args.chunks,
+        heartbeats=False,
+    )
+    sim = ClusterSimulator(sc)
+    frames = list(sim.run())
+    n_ops = frames[0].n_ops
+    diag = JobDiagnoser("bench")
+    diag.on_job(sim.job_start())
+    for f in frames[:2]:  # warm-up: baselines, membership, numpy caches
+        diag.on_frame(f)
+    whole, feat_t, susp_t = [], [], []
+    for f in frames[2:]:
+        t0 = time.perf_counter()
+        diag.on_frame(f)
+        whole.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        feats = step_features(f)
+        t1 = time.perf_counter()
+        step_suspects(f, feats, compute_ratio(f, feats), Topology(), transfer_reference(feats.inst))
+        t2 = time.perf_counter()
+        feat_t.append(t1 - t0)
+        susp_t.append(t2 - t1)
+    msgs = sim.rank_steps(frames[2])
+    asm_t = []
+    for _ in range(3):
+        asm = StepAssembler("bench")
+        asm.world_size = len(msgs)
+        t0 = time.perf_counter()
+        for m in msgs:
+            asm.add(m, m.t_end_ns)
+        asm_t.append(time.perf_counter() - t0)
+    med = statistics.median(whole)
+    print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, numpy {np.__version__}")
+    print(f"step: {args.gpus} ranks, {n_ops / args.gpus:.0f} ops per rank, {n_ops:,} ops")
+    print("| stage | median s per step | ops/s |")
+    print("|---|---:|---:|")
+    print(f"| detectors, whole step (JobDiagnoser.on_frame) | {med:.3f} | {n_ops / med:,.0f} |")
+    print(f"| of which step features | {statistics.median(feat_t):.3f} | |")
+    print(f"| of which suspects | {statistics.median(susp_t):.3f} | |")
+    print(f"| assembly of {len(msgs)} rank messages | {statistics.median(asm_t):.3f} | {n_ops / statistics.median(asm_t):,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
