@@ -20,7 +20,13 @@ from flare.detectors.incidents import IncidentBook, OpenIncident
 from flare.detectors.irregularity import StepTimeBaseline
 from flare.detectors.report import Detection, DiagnoserOutput, StepReport
 from flare.detectors.rows import group_rows, rank_rows
-from flare.detectors.suspects import Topology, compute_ratio, step_suspects, transfer_reference
+from flare.detectors.suspects import (
+    NoiseMemory,
+    Topology,
+    compute_ratio,
+    step_suspects,
+    transfer_reference,
+)
 from flare.schemas.rankstep import RankStep
 from flare.schemas.wire import HeartbeatV1, IncidentV1, JobV1, Suspect
 from flare.settings import DetectorSettings
@@ -41,6 +47,7 @@ class JobDiagnoser:
         self.book = IncidentBook(job, resolve_after=s.resolve_after)
         self.hang = HangDetector(timeout_s=s.hang_timeout_s)
         self.topology = Topology()
+        self.noise = NoiseMemory()
         self.now_ns = 0
         self.steps_seen = 0
         self.world = 0
@@ -125,7 +132,7 @@ class JobDiagnoser:
         irr = self.baseline.update(step_time)
         ratio = compute_ratio(frame, feats)
         ref = transfer_reference(feats.inst)
-        cands = step_suspects(frame, feats, ratio, self.topology, ref)
+        cands = step_suspects(frame, feats, ratio, self.topology, ref, self.noise)
         keep = set(self.book.open)
         confirmed = self.tracker.update(
             frame.step, cands.entity, cands.kind, cands.z, cands.excess_s, cands.detail, keep

@@ -13,6 +13,7 @@ effects (GC, checkpoints, level shifts) cancel:
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +51,27 @@ class Candidates:
         self.detail.append(detail)
 
 
+class NoiseMemory:
+    """Spread of each family's per-step values pooled over recent steps.
+
+    A job with 8 nodes gives 8 values per step: their MAD alone is noisy enough to turn a
+    data-dependent wobble into z > 8. Pooling the last `depth` steps gives a stable σ while
+    still following slow changes; MAD keeps a persistent outlier from inflating it.
+    """
+
+    def __init__(self, depth: int = 10) -> None:
+        self.depth = depth
+        self._hist: dict[str, deque[np.ndarray]] = {}
+
+    def sigma(self, family: str, values: np.ndarray, floor: float) -> float:
+        h = self._hist.setdefault(family, deque(maxlen=self.depth))
+        v = values[np.isfinite(values)]
+        if v.size > 4096:  # plenty this step; keep the memory light
+            v = v[:: v.size // 4096 + 1]
+        h.append(v - np.median(v) if v.size else v)
+        return robust_sigma(np.concatenate(list(h)), floor)
+
+
 @dataclass(slots=True)
 class Topology:
     """What the job's start event told us: each node's switch (may be empty)."""
@@ -74,7 +96,7 @@ def compute_ratio(frame: StepFrame, feats: StepFeatures) -> np.ndarray:
 
 
 def _compute_suspects(
-    frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, out: Candidates
+    frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, noise: NoiseMemory, out: Candidates
 ) -> None:
     basis = feats.compute_s if feats.has_compute else feats.gap_s
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -85,7 +107,7 @@ def _compute_suspects(
     node_x = np.nan_to_num(node_x)
     per_node = counts[frame.node]
     g = np.where(per_node >= 3, x - node_x[frame.node], x)
-    sg = robust_sigma(g, 0.004)
+    sg = noise.sigma("gpu", g, 0.004)
     zg = g / sg
     for i in np.flatnonzero(zg >= Z_REPORT):
         out.add(
@@ -97,7 +119,7 @@ def _compute_suspects(
         )
     multi = counts >= 2
     if multi.sum() >= 3:
-        sn = robust_sigma(node_x[multi], 0.006)
+        sn = noise.sigma("node", node_x[multi], 0.006)
         zn = np.where(multi, node_x / sn, 0.0)
         node_basis = grouped_median(basis, frame.node, n_nodes)
         for n in np.flatnonzero(zn >= Z_REPORT):
@@ -110,7 +132,9 @@ def _compute_suspects(
             )
 
 
-def _host_suspects(frame: StepFrame, feats: StepFeatures, out: Candidates) -> None:
+def _host_suspects(
+    frame: StepFrame, feats: StepFeatures, noise: NoiseMemory, out: Candidates
+) -> None:
     if not feats.has_compute:
         return  # gaps then include compute: the compute view already uses them
     keys, n_keys = stage_keys(frame)
@@ -123,9 +147,9 @@ def _host_suspects(frame: StepFrame, feats: StepFeatures, out: Candidates) -> No
     node_h = np.bincount(frame.node, weights=h, minlength=n_nodes) / np.maximum(counts, 1)
     node_extra = np.bincount(frame.node, weights=extra, minlength=n_nodes) / np.maximum(counts, 1)
     if n_nodes >= 3:
-        sh = robust_sigma(node_h, 0.003)
+        sh = noise.sigma("host", node_h, 0.003)
     else:
-        sh = robust_sigma(h, 0.003)
+        sh = noise.sigma("host1", h, 0.003)
     zh = node_h / sh
     for n in np.flatnonzero(zh >= Z_REPORT):
         out.add(
@@ -300,13 +324,18 @@ def _disambiguate_node(
 
 
 def step_suspects(
-    frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, topo: Topology, ref: np.ndarray
+    frame: StepFrame,
+    feats: StepFeatures,
+    ratio: np.ndarray,
+    topo: Topology,
+    ref: np.ndarray,
+    noise: NoiseMemory,
 ) -> Candidates:
     """All suspects of one step with their significance (robust z) and cost in seconds."""
     out = Candidates()
     if frame.n_ranks < 2:
         return out
-    _compute_suspects(frame, feats, ratio, out)
-    _host_suspects(frame, feats, out)
+    _compute_suspects(frame, feats, ratio, noise, out)
+    _host_suspects(frame, feats, noise, out)
     _network_suspects(frame, feats, topo, ref, out)
     return out

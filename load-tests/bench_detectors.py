@@ -20,7 +20,13 @@ import numpy as np
 from flare.detectors.assembly import StepAssembler
 from flare.detectors.diagnoser import JobDiagnoser
 from flare.detectors.features import step_features
-from flare.detectors.suspects import Topology, compute_ratio, step_suspects, transfer_reference
+from flare.detectors.suspects import (
+    NoiseMemory,
+    Topology,
+    compute_ratio,
+    step_suspects,
+    transfer_reference,
+)
 from flare.producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
 
 
@@ -55,7 +61,8 @@ def main() -> None:
         t0 = time.perf_counter()
         feats = step_features(f)
         t1 = time.perf_counter()
-        step_suspects(f, feats, compute_ratio(f, feats), Topology(), transfer_reference(feats.inst))
+        ref = transfer_reference(feats.inst)
+        step_suspects(f, feats, compute_ratio(f, feats), Topology(), ref, NoiseMemory())
         t2 = time.perf_counter()
         feat_t.append(t1 - t0)
         susp_t.append(t2 - t1)
