@@ -28,3 +28,37 @@ def stage_keys(frame: StepFrame) -> tuple[np.ndarray, int]:
         return np.zeros(frame.n_ranks, dtype=np.int64), 1
     uniq, inv = np.unique(counts, axis=0, return_inverse=True)
     return inv.reshape(-1).astype(np.int64), int(uniq.shape[0])
+
+
+def replica_keys(frame: StepFrame) -> tuple[np.ndarray, int] | None:
+    """(R,) key of each rank's tensor-parallel group, or None when it cannot be told.
+
+    Ranks of one TP group process the same data, so data-dependent jitter (sequence length,
+    MoE routing of the replica) cancels when a rank is compared with them: a GPU that is
+    10% slow stands out even when replicas differ by 5% from step to step. Known from the
+    coords (same pp, dp, cp), else from the `tp.*` group a rank reports.
+    """
+    dims = [frame.coord(d) for d in ("pp", "dp", "cp")]
+    if (
+        frame.n_ranks
+        and (frame.coord("tp") >= 0).all()
+        and (dims[0] >= 0).all()
+        and (dims[1] >= 0).all()
+    ):
+        key = (dims[0].astype(np.int64) << 40) | (dims[1].astype(np.int64) << 20)
+        key |= np.maximum(dims[2], 0).astype(np.int64)
+        _, inv = np.unique(key, return_inverse=True)
+        return inv.reshape(-1).astype(np.int64), int(inv.max()) + 1
+    is_tp = np.fromiter(
+        (g.startswith("tp.") for g in frame.groups), dtype=bool, count=len(frame.groups)
+    )
+    if not is_tp.any():
+        return None
+    rows = np.flatnonzero(is_tp[frame.op_group])
+    ri = frame.op_rank_index()[rows]
+    first = np.r_[True, ri[1:] != ri[:-1]] if ri.size else np.zeros(0, bool)
+    if int(first.sum()) != frame.n_ranks:
+        return None  # some rank has no tp op: fall back to the node
+    codes = frame.op_group[rows[first]]
+    _, inv = np.unique(codes, return_inverse=True)
+    return inv.reshape(-1).astype(np.int64), int(inv.max()) + 1

@@ -20,7 +20,7 @@ import numpy as np
 
 from flare.detectors.features import Instances, StepFeatures
 from flare.detectors.frame import StepFrame
-from flare.detectors.peers import stage_keys
+from flare.detectors.peers import replica_keys, stage_keys
 from flare.detectors.segments import grouped_median, grouped_quantile, robust_sigma, unique_ints
 from flare.schemas.rankstep import P2P
 
@@ -30,7 +30,7 @@ _NET_MIN_RATIO = np.log(1.1)  # a transfer 10% over its peers is the smallest we
 _NET_ROUNDS = 3
 REF_QUANTILE = 0.25
 _NET_SIGMA_FLOOR = 0.03
-_NODE_TIE = 0.8  # a node within 80% of the best one's score is a tie
+_NODE_TIE = 0.95  # a node within 5% of the best one's score is a tie
 
 
 @dataclass(slots=True)
@@ -107,6 +107,12 @@ def _compute_suspects(
     node_x = np.nan_to_num(node_x)
     per_node = counts[frame.node]
     g = np.where(per_node >= 3, x - node_x[frame.node], x)
+    rep = replica_keys(frame)
+    if rep is not None:
+        keys, n_rep = rep
+        size = np.bincount(keys, minlength=n_rep)[keys]
+        rep_x = grouped_median(x, keys, n_rep)[keys]
+        g = np.where(size >= 2, x - rep_x, g)
     sg = noise.sigma("gpu", g, 0.004)
     zg = g / sg
     for i in np.flatnonzero(zg >= Z_REPORT):
