@@ -1,4 +1,4 @@
-"""Conformance of the stateful detectors: inputs untouched, state pickles, same input → same output."""
+"""Conformance of the stateful detectors: inputs untouched, state pickles, deterministic."""
 
 from __future__ import annotations
 
