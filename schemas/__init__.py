@@ -5,6 +5,6 @@ and the API agree on one set of types.
 """
 
 from flare.schemas.errors import InvalidMessage
-from flare.schemas.rankstep import OP_KINDS, COLL, COMPUTE, P2P, RankStep
+from flare.schemas.rankstep import COLL, COMPUTE, OP_KINDS, P2P, RankStep
 
 __all__ = ["COLL", "COMPUTE", "OP_KINDS", "P2P", "InvalidMessage", "RankStep"]

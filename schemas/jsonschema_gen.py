@@ -17,7 +17,9 @@ def schema_documents() -> dict[str, bytes]:
         schema = msgspec.json.schema(model)
         schema["$id"] = f"https://flare.invalid/schemas/{topic}.json"
         schema["title"] = topic
-        docs[f"{topic}.json"] = orjson.dumps(schema, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+        docs[f"{topic}.json"] = (
+            orjson.dumps(schema, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+        )
     return docs
 
 
