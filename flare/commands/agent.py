@@ -1,13 +1,78 @@
-"""`flare agent` (being built; see the open issues)."""
+"""`flare agent`: the node daemon that ships local ranks' steps and heartbeats to Kafka."""
 
 from __future__ import annotations
+
+import socket
+from pathlib import Path
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
     @app.command("agent")
-    def _cmd() -> None:
-        """Not available yet."""
-        typer.echo("flare agent is not available yet", err=True)
-        raise typer.Exit(2)
+    def agent_cmd(
+        socket_path: Path = typer.Option(
+            None, "--socket", envvar="FLARE_AGENT_SOCKET", show_envvar=True,
+            help="Unix socket the ranks connect to (default: flare-agent.sock in "
+                 "$XDG_RUNTIME_DIR, else in the temp folder)",
+        ),
+        node: str = typer.Option(
+            "", envvar="FLARE_NODE", show_envvar=True, help="node name [default: host name]",
+        ),
+        interval_s: float = typer.Option(
+            1.0, "--interval", envvar="FLARE_AGENT_INTERVAL_S", show_envvar=True,
+            help="seconds between heartbeats",
+        ),
+        max_messages: int = typer.Option(
+            100_000, envvar="FLARE_AGENT_MAX_MESSAGES", show_envvar=True,
+            help="bound of the outgoing queue; beyond it messages are dropped and counted",
+        ),
+        dry_run: bool = typer.Option(
+            False, "--dry-run", help="print messages to stdout instead of publishing to Kafka",
+        ),
+    ) -> None:
+        """Run the node daemon: one per node, ranks reach it with the torch hook."""
+        import asyncio
+        import signal
+        import sys
+
+        from flare.producers.agent_daemon import Publisher, run_agent
+        from flare.producers.torch_wire import default_socket_path
+        from flare.settings import Settings
+
+        settings = Settings()
+        path = socket_path or default_socket_path()
+        publisher: Publisher
+        if dry_run:
+            publisher = _StdoutPublisher()
+        else:
+            from flare.producers.publisher import Publisher as KafkaPublisher
+
+            bootstrap = settings.kafka_bootstrap or f"127.0.0.1:{settings.kafka_port}"
+            publisher = KafkaPublisher(bootstrap, max_message_bytes=settings.max_message_bytes)
+
+        async def main() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            typer.echo(f"flare agent listening on {path}", err=True)
+            await run_agent(publisher, path, node or socket.gethostname(),
+                            interval_s=interval_s, stop=stop, max_messages=max_messages)
+
+        asyncio.run(main())
+        sys.stdout.flush()
+
+
+class _StdoutPublisher:
+    """Dry run: one recorded-stream line per message (DESIGN §3 `.jsonl`)."""
+
+    def publish(self, topic: str, key: str | bytes, value: object) -> None:
+        import orjson
+
+        k = key.decode() if isinstance(key, bytes) else key
+        v = orjson.loads(value) if isinstance(value, bytes) else value
+        typer.echo(orjson.dumps({"topic": topic, "key": k, "value": v}).decode())
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        return None

@@ -1,0 +1,156 @@
+"""The per-rank op log of the torch hook: one row per op, cut into steps, built into v1 JSON.
+
+The hot path (one collective call) only appends a small list to the current step's rows and
+notes it as pending; everything costly (columns, offsets, JSON) happens once per step, off the
+training thread, in `build_steps_message`. A row is
+``[kind, name, group, seq, start_ns, end_ns, bytes]`` with ``end_ns == -1`` while the op is in
+flight, so the in-flight table that makes heartbeats is just the pending rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+KIND, NAME, GROUP, SEQ, START, END, NBYTES = range(7)
+COMPUTE, COLL, P2P = "compute", "coll", "p2p"
+MAX_INFLIGHT_REPORTED = 256
+
+Row = list[Any]
+
+
+@dataclass(slots=True)
+class RankMeta:
+    """Who the rank is: fixed for a message, learnt lazily (dist may initialise after install)."""
+
+    job: str
+    rank: int
+    node: str
+    local_rank: int = 0
+    world_size: int = 0
+    coords: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StepCut:
+    """One finished step handed from the training thread to the sender."""
+
+    step: int
+    t_start_ns: int
+    boundary_ns: int
+    rows: list[Row]
+
+
+class OpLog:
+    """Rows of the current step, ops still in flight, and the step counter of one rank.
+
+    Shared by the training thread (begin/end/cut) and the completion callbacks of async ops
+    (end); each mutation is a single list or dict operation, atomic under the GIL.
+    """
+
+    __slots__ = ("rows_ref", "pending", "clock", "step", "step_t0", "ops_cut")
+
+    def __init__(self, clock: Callable[[], int] = time.time_ns, first_step: int = 0) -> None:
+        self.clock = clock
+        # The current step's rows, behind one level of indirection so the hot path can bind
+        # the holder once and `cut` can swap the list in a single (GIL-atomic) store.
+        self.rows_ref: list[list[Row]] = [[]]
+        self.pending: dict[int, Row] = {}
+        self.step = first_step
+        self.step_t0 = clock()
+        self.ops_cut = 0  # ops handed over in finished steps so far
+
+    @property
+    def rows(self) -> list[Row]:
+        return self.rows_ref[0]
+
+    def begin(self, kind: str, name: str, group: str, seq: int, nbytes: int) -> Row:
+        row = [kind, name, group, seq, self.clock(), -1, nbytes]
+        self.rows_ref[0].append(row)
+        self.pending[id(row)] = row
+        return row
+
+    def end(self, row: Row) -> None:
+        if row[END] < 0:
+            row[END] = self.clock()
+        self.pending.pop(id(row), None)
+
+    def cut(self) -> StepCut:
+        """Close the current step at now; the next step's window starts here."""
+        now = self.clock()
+        rows = self.rows_ref[0]
+        self.rows_ref[0] = []
+        self.ops_cut += len(rows)
+        out = StepCut(self.step, self.step_t0, now, rows)
+        self.step += 1
+        self.step_t0 = now
+        return out
+
+    def inflight(self) -> dict[str, Any]:
+        """The in-flight table: communication ops started and not finished (oldest first)."""
+        rows = [r for r in list(self.pending.values()) if r[KIND] != COMPUTE and r[END] < 0]
+        rows.sort(key=lambda r: r[START])
+        return {
+            "step": self.step,
+            "inflight": [
+                {"group": r[GROUP], "name": r[NAME], "seq": r[SEQ], "start_ns": r[START]}
+                for r in rows[:MAX_INFLIGHT_REPORTED]
+            ],
+        }
+
+
+def steps_message(meta: RankMeta, cut: StepCut, now_ns: int) -> dict[str, Any]:
+    """The wire-v1 steps object of one cut step (numpy columns, orjson serialises them).
+
+    Ops still in flight at send time get the duration they have had so far (a lower bound);
+    the in-flight table keeps reporting them until they finish. Compute ops are numbered
+    within the step, as the contract says.
+    """
+    rows = cut.rows
+    n = len(rows)
+    msg: dict[str, Any] = {
+        "v": 1,
+        "job": meta.job,
+        "rank": meta.rank,
+        "node": meta.node,
+        "local_rank": meta.local_rank,
+        "step": cut.step,
+        "t_start_ns": cut.t_start_ns,
+    }
+    if meta.coords:
+        msg["coords"] = dict(meta.coords)
+    if n == 0:
+        msg["t_end_ns"] = cut.boundary_ns
+        msg["ops"] = {k: [] for k in ("kind", "name", "group", "seq", "start_ns", "dur_ns",
+                                      "bytes")}
+        return msg
+    kind, name, group, seq, start, end, nbytes = (list(c) for c in zip(*rows, strict=True))
+    start_a = np.fromiter(start, dtype=np.int64, count=n)
+    end_a = np.fromiter(end, dtype=np.int64, count=n)
+    end_a = np.where(end_a < 0, max(now_ns, cut.boundary_ns), end_a)
+    end_a = np.maximum(end_a, start_a)
+    t0 = min(cut.t_start_ns, int(start_a.min()))
+    is_compute = np.fromiter((k == COMPUTE for k in kind), dtype=bool, count=n)
+    seq_a = np.fromiter(seq, dtype=np.int64, count=n)
+    seq_a[is_compute] = np.arange(int(is_compute.sum()), dtype=np.int64)
+    msg["t_start_ns"] = t0
+    msg["t_end_ns"] = int(end_a.max())
+    msg["ops"] = {
+        "kind": kind,
+        "name": name,
+        "group": group,
+        "seq": seq_a,
+        "start_ns": start_a - t0,
+        "dur_ns": end_a - start_a,
+        "bytes": np.fromiter(nbytes, dtype=np.int64, count=n),
+    }
+    return msg
+
+
+def encode(msg: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(msg, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -1,0 +1,60 @@
+"""The local protocol between a training rank's hook and its node daemon (`flare agent`).
+
+A Unix stream socket carries frames: a 4-byte big-endian length, then one type byte, then a
+JSON payload. Framing is ours (not Kafka's) because the hook must stay dependency-free and
+cheap, and because a stream socket tells the daemon at once when a rank's process dies.
+
+Frame types:
+- HELLO ``{"job","rank","local_rank","node","world_size","pid"}``: first frame of every
+  connection; the daemon keys the rank's state on (job, rank).
+- STEPS: one complete wire-v1 `flare.steps.v1` message, forwarded to Kafka as is.
+- INFLIGHT ``{"step","inflight":[{"group","name","seq","start_ns"}]}``: the rank's table of ops
+  in flight, sent about every second; the daemon turns it into heartbeats.
+- BYE: the rank ends cleanly (the job's end, when it is rank 0).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+HELLO = 1
+STEPS = 2
+INFLIGHT = 3
+BYE = 4
+FRAME_TYPES = frozenset({HELLO, STEPS, INFLIGHT, BYE})
+
+HEADER = struct.Struct(">IB")  # payload length (excluding the type byte), frame type
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+SOCKET_NAME = "flare-agent.sock"
+
+
+class FrameError(ValueError):
+    """A peer sent a frame that breaks the protocol (the connection is then closed)."""
+
+
+def default_socket_path() -> Path:
+    """Where the daemon listens when nobody says otherwise (same rule on both sides)."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / SOCKET_NAME
+
+
+def encode_frame(ftype: int, payload: bytes) -> bytes:
+    """One frame: header then payload."""
+    if ftype not in FRAME_TYPES:
+        raise FrameError(f"unknown frame type {ftype}")
+    if len(payload) > MAX_FRAME_BYTES:
+        raise FrameError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME_BYTES}")
+    return HEADER.pack(len(payload), ftype) + payload
+
+
+def decode_header(header: bytes) -> tuple[int, int]:
+    """(payload length, frame type) of a header; FrameError when it cannot be a frame."""
+    length, ftype = HEADER.unpack(header)
+    if ftype not in FRAME_TYPES:
+        raise FrameError(f"unknown frame type {ftype}")
+    if length > MAX_FRAME_BYTES:
+        raise FrameError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+    return length, ftype
