@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flare.detectors.frame import StepFrame
-from flare.schemas.rankstep import COMPUTE, P2P
+from flare.schemas.rankstep import COMPUTE
 
 _NS = 1e-9
 _SEQ_BITS = 40
@@ -155,7 +155,3 @@ def step_features(frame: StepFrame) -> StepFeatures:
         has_compute=bool(is_compute.any()),
         inst=inst,
     )
-
-
-def is_p2p(inst: Instances) -> np.ndarray:
-    return inst.kind == P2P

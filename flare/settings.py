@@ -47,3 +47,7 @@ class Settings(BaseSettings):
     job_idle_s: float = Field(
         600.0, description="a job silent this long is flushed and its state dropped"
     )
+    rebuild_messages: int = Field(
+        20_000, description="messages per input topic-partition re-read to rebuild detector "
+        "state when a partition is assigned (0: start from scratch)"
+    )

@@ -1,13 +1,62 @@
-"""`flare replay` (being built; see the open issues)."""
+"""`flare replay run.jsonl [--speed X]`: publish a recorded stream to Kafka.
+
+The recording's messages go out in file order, keyed by job, through the same idempotent,
+murmur2-partitioned producer every Flare producer uses; `--speed` paces them by their own
+timestamps (1 = real time), without it they go as fast as the broker takes them.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
     @app.command("replay")
-    def _cmd() -> None:
-        """Not available yet."""
-        typer.echo("flare replay is not available yet", err=True)
-        raise typer.Exit(2)
+    def replay_cmd(
+        recording: Path = typer.Argument(
+            ..., exists=True, dir_okay=False, help="a .jsonl (or .jsonl.gz) recording"),
+        speed: float | None = typer.Option(
+            None, "--speed", min=0.0001,
+            help="pace by the recorded timestamps, X times real time (default: no pacing)"),
+        bootstrap: str | None = typer.Option(
+            None, "--bootstrap", envvar="FLARE_KAFKA_BOOTSTRAP", show_envvar=True,
+            help="Kafka host:port (default: the local broker of `flare up` on FLARE_KAFKA_PORT)"),
+        create_topics: bool = typer.Option(
+            True, "--create-topics/--no-create-topics",
+            help="create missing flare topics (FLARE_PARTITIONS partitions) first"),
+    ) -> None:
+        """Publish a recorded stream (one Kafka message per line) to the broker."""
+        from flare.producers.live import publish_events
+        from flare.producers.publisher import Publisher, PublishError
+        from flare.producers.recording import RecordingError, recording_events
+        from flare.settings import Settings
+        from flare.streams.broker import BrokerError, wait_for_broker
+        from flare.streams.topics import TopicError, ensure_topics
+        from flare.streams.worker import local_bootstrap
+
+        settings = Settings(**({"kafka_bootstrap": bootstrap} if bootstrap else {}))
+        address = local_bootstrap(settings)
+        publisher: Publisher | None = None
+        try:
+            wait_for_broker(address, timeout_s=15.0)
+            if create_topics:
+                ensure_topics(address, settings.partitions)
+            publisher = Publisher(address)
+            summary = publish_events(recording_events(recording), publisher, speed)
+            stats = publisher.flush()
+        except RecordingError as exc:
+            sent = publisher.flush().delivered if publisher is not None else 0
+            typer.echo(f"error: {exc} ({sent} messages before it were published)", err=True)
+            raise typer.Exit(2) from None
+        except (BrokerError, TopicError, PublishError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+        span = ""
+        if summary.first_ts_ns is not None and summary.last_ts_ns is not None:
+            span = f" spanning {(summary.last_ts_ns - summary.first_ts_ns) / 1e9:.1f} s"
+        typer.echo(f"published {stats.delivered} messages{span} to {address}")

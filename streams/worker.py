@@ -1,0 +1,225 @@
+"""The faust-streaming worker: Kafka in, `Pipeline` in the middle, ClickHouse and Kafka out.
+
+Only the faust wiring lives here; the per-record logic is in `pipeline.py` (pure). Choices
+that come from measured failure modes (DESIGN §6):
+- one agent over the three input topics, batches via `take_events`: the batch is acked only
+  after its rows are in ClickHouse, so a committed offset never has rows still in memory;
+- everything inside the agent is caught per batch (faust agents die silently on exceptions)
+  and a watchdog on the age of the last processed offset fails `/readyz`;
+- detector state is plain objects per partition, not faust tables (no changelog topics);
+- short session timeout (tansu joins a group in about half of it);
+- the API, when served here, runs on the worker's own loop (`faust.contrib.asgi`), because
+  with embedded chDB one process owns the data directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flare.settings import Settings
+from flare.streams.pipeline import BatchResult, Outgoing, Pipeline, Record
+from flare.streams.rebuild import read_history
+from flare.streams.topics import DEADLETTER, INCIDENTS, INPUT_TOPICS
+
+log = logging.getLogger(__name__)
+
+BATCH_MAX = 2000  # records per batch: one sink flush (a few inserts) per batch
+BATCH_WITHIN_S = 0.25  # ... or this long, whichever first: bounds the added latency
+TICK_S = 1.0  # how often time passes for quiet jobs and lag is sampled
+STATS_EVERY_S = 30.0
+RETRY_S = 1.0  # back-off while ClickHouse refuses writes (the batch stays un-acked)
+
+
+def local_bootstrap(settings: Settings) -> str:
+    """The broker to use: FLARE_KAFKA_BOOTSTRAP, else the local tansu of `flare up`."""
+    return settings.kafka_bootstrap or f"127.0.0.1:{settings.kafka_port}"
+
+
+def faust_broker_urls(bootstrap: str) -> list[str]:
+    """`host1:9092,host2:9092` -> faust's list of kafka:// URLs."""
+    hosts = [h.strip() for h in bootstrap.split(",") if h.strip()]
+    if not hosts:
+        raise ValueError("empty Kafka bootstrap address")
+    return [h if "://" in h else f"kafka://{h}" for h in hosts]
+
+
+@dataclass(frozen=True, slots=True)
+class ApiServer:
+    """An ASGI app to serve from the worker's loop."""
+
+    asgi_app: Any
+    host: str
+    port: int
+
+
+def build_app(
+    settings: Settings,
+    pipeline: Pipeline,
+    *,
+    bootstrap: str,
+    datadir: Path,
+    api: ApiServer | None = None,
+) -> Any:
+    """The faust App of one worker, with its agent, timer and rebalance hooks.
+
+    `datadir` is faust's own scratch directory (it keeps no state there for us: no tables);
+    the caller gives a temporary one so nothing lands in the working directory.
+    """
+    import faust
+    from faust.contrib.asgi import serve_asgi
+
+    max_fetch = max(4 * 1024 * 1024, 2 * settings.max_message_bytes)
+    app = faust.App(
+        settings.group_id,
+        broker=faust_broker_urls(bootstrap),
+        key_serializer="raw",
+        value_serializer="raw",
+        autodiscover=False,
+        store="memory://",
+        datadir=str(datadir),
+        topic_partitions=settings.partitions,
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=settings.kafka_session_timeout_s,
+        broker_heartbeat_interval=max(0.5, settings.kafka_session_timeout_s / 6),
+        broker_commit_interval=1.0,
+        consumer_max_fetch_size=max_fetch,
+        producer_max_request_size=max(2 * 1024 * 1024, max_fetch),
+        web_enabled=api is not None,
+        web_host=api.host if api else "127.0.0.1",
+        web_bind=api.host if api else "127.0.0.1",
+        web_port=api.port if api else 6066,
+        worker_redirect_stdouts=False,
+        # Records held by the event-time merge stay un-acked on purpose; waiting for "all
+        # acked" at a rebalance would stall it. Our revoke hook drops what is held (it is
+        # re-delivered) and skips what was already handled, so nothing needs the wait.
+        stream_wait_empty=False,
+    )
+    source = app.topic(*INPUT_TOPICS, key_serializer="raw", value_serializer="raw")
+    out_topics = {
+        INCIDENTS: app.topic(INCIDENTS, key_serializer="raw", value_serializer="raw"),
+        DEADLETTER: app.topic(DEADLETTER, key_serializer="raw", value_serializer="raw"),
+    }
+
+    async def send(outgoing: list[Outgoing]) -> None:
+        for o in outgoing:
+            await out_topics[o.topic].send(key=o.key, value=o.value)
+
+    async def flush_until_stored() -> bool:
+        """Keep the batch un-acked until its rows are written (or we are stopping)."""
+        while not pipeline.flush():
+            if app.should_stop:
+                return False
+            await asyncio.sleep(RETRY_S)
+        return True
+
+    def sample_highwaters() -> None:
+        consumer = app.consumer
+        for tp in consumer.assignment():
+            try:
+                hw = consumer.highwater(tp)
+            except Exception:
+                continue  # not fetched yet
+            pipeline.progress.set_highwater(tp.topic, tp.partition, hw)
+
+    async def finish(result: BatchResult) -> None:
+        """Store, then ack what the merge had held and is now processed, then publish."""
+        if await flush_until_stored():
+            for event in result.finished:
+                event.ack()
+        try:
+            await send(result.outgoing)
+        except Exception:
+            log.exception("failed to publish %d incident/dead-letter messages",
+                          len(result.outgoing))
+
+    async def diagnose(stream: Any) -> None:
+        async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
+            result = BatchResult()
+            try:
+                sample_highwaters()
+                records = [
+                    Record(e.message.topic, e.message.partition, e.message.offset,
+                           e.message.key, e.message.value, e)
+                    for e in events
+                ]
+                result = pipeline.on_records(records)
+                # Held by the event-time merge: take_events acks the batch when we return,
+                # an extra reference keeps these un-acked until they are processed.
+                for event in result.held:
+                    event.message.incref()
+            except Exception:  # a bug here must not kill the agent: log, keep consuming
+                log.exception("failed to process a batch of %d records", len(events))
+            await finish(result)
+
+    app.agent(source, name="flare.worker.diagnose")(diagnose)
+
+    last_stats = [time.monotonic()]
+
+    async def tick() -> None:
+        try:
+            sample_highwaters()
+            await finish(pipeline.on_tick())
+            if time.monotonic() - last_stats[0] >= STATS_EVERY_S:
+                last_stats[0] = time.monotonic()
+                log.info("flare worker: %s", pipeline.snapshot())
+        except Exception:
+            log.exception("worker tick failed")
+
+    app.timer(TICK_S, name="flare.worker.tick")(tick)
+
+    async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        pipeline.flush()
+        pipeline.on_revoked((tp.topic, tp.partition) for tp in revoked)
+
+    async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        try:
+            current = app.consumer.assignment()
+        except Exception:
+            current = assigned
+        new = pipeline.on_assigned((tp.topic, tp.partition) for tp in current)
+        log.info("assigned partitions %s (new here: %s)",
+                 sorted({tp.partition for tp in current}), sorted(new))
+        if new and settings.rebuild_messages > 0:
+            # Deliberately synchronous: no record of these partitions may be processed
+            # before their history is replayed, and faust resumes fetching as soon as we
+            # yield to the loop. Bounded by rebuild_messages and the read timeout.
+            try:
+                history = read_history(
+                    bootstrap, settings.group_id,
+                    [(t, p) for t in INPUT_TOPICS for p in sorted(new)],
+                    max_per_tp=settings.rebuild_messages,
+                )
+                n = pipeline.rebuild(history)
+                if n:
+                    log.info("rebuilt the state of partitions %s from %d messages",
+                             sorted(new), n)
+            except Exception:
+                log.exception("could not rebuild partitions %s from history; their jobs "
+                              "start from scratch", sorted(new))
+
+    app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
+    app.on_partitions_assigned.connect(on_assigned)  # type: ignore[arg-type]
+
+    async def on_shutdown(sender: Any, **kwargs: Any) -> None:
+        pipeline.progress.stopping = True
+        pipeline.flush()
+
+    app.on_before_shutdown.connect(on_shutdown)  # type: ignore[arg-type]
+
+    if api is not None:
+        serve_asgi(app, api.asgi_app, host=api.host, port=api.port, log_level="warning")
+    return app
+
+
+def run_faust(app: Any, *, loglevel: str = "warn", quiet: bool = True) -> None:
+    """Run the app until SIGINT/SIGTERM (mode's worker owns the signals and the loop)."""
+    from faust.worker import Worker
+
+    worker = Worker(app, loglevel=loglevel, quiet=quiet, redirect_stdouts=False)
+    worker.execute_from_commandline()
