@@ -258,6 +258,7 @@ def summarize_results(results: list[ScenarioResult], gpus: list[int], seeds: int
         "families": {
             f: _metrics(rs if f == "clean" else rs + []) for f, rs in sorted(fams.items())
         },
+        "by_gpus": {str(g): _metrics([r for r in results if r.gpus == g]) for g in gpus},
         "gpus": gpus,
         "seeds": seeds,
         "clean_steps": sum(r.steps for r in clean),

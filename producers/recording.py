@@ -10,7 +10,7 @@ a rank-step (the moment the rank would have sent it).
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -89,3 +89,20 @@ def recording_events(path: str | Path) -> Iterator[tuple[str, str, Mapping[str, 
     """The recording as `(topic, key, value, ts_ns)` events for `publish_events`."""
     for m in read_recording(path):
         yield m.as_event()
+
+
+def write_events(events: Iterable[tuple[str, str, Any, int]], path: str | Path) -> int:
+    """Write `(topic, key, value, ts_ns)` events as a recorded stream; returns the count.
+
+    Written to a temporary name and renamed, so an interrupted run leaves no half file.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    n = 0
+    with open(tmp, "wb", buffering=1 << 20) as fh:
+        for topic, key, value, _ts in events:
+            fh.write(orjson.dumps({"topic": topic, "key": key, "value": value}) + b"\n")
+            n += 1
+    tmp.replace(p)
+    return n

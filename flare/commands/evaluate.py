@@ -65,6 +65,8 @@ def register(app: typer.Typer) -> None:
 
         for fam, m in doc["families"].items():
             table.add_row(fam, *(fmt(m[c]) for c in cols))
+        for g, m in doc["by_gpus"].items():
+            table.add_row(f"all at {g} GPUs", *(fmt(m[c]) for c in cols), style="italic")
         table.add_row("overall", *(fmt(doc["overall"][c]) for c in cols), style="bold")
         Console().print(table)
         if json_out:

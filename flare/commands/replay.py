@@ -1,5 +1,9 @@
 """`flare replay run.jsonl [--speed X]`: publish a recorded stream to Kafka.
 
+`flare replay --kineto DIR` does the same for PyTorch profiler traces (one file per rank),
+turned into steps messages; with `--out run.jsonl` they are recorded for `flare diagnose`
+instead of published.
+
 The recording's messages go out in file order, keyed by job, through the same idempotent,
 murmur2-partitioned producer every Flare producer uses; `--speed` paces them by their own
 timestamps (1 = real time), without it they go as fast as the broker takes them.
@@ -15,8 +19,14 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("replay")
     def replay_cmd(
-        recording: Path = typer.Argument(
-            ..., exists=True, dir_okay=False, help="a .jsonl (or .jsonl.gz) recording"),
+        recording: Path | None = typer.Argument(
+            None, exists=True, dir_okay=False, help="a .jsonl (or .jsonl.gz) recording"),
+        kineto: list[Path] | None = typer.Option(
+            None, "--kineto", exists=True,
+            help="PyTorch profiler traces: a folder (one file per rank) or files; repeatable"),
+        job: str = typer.Option("kineto", help="job id of the replayed traces (with --kineto)"),
+        out: Path | None = typer.Option(
+            None, "--out", help="with --kineto: write a recording here instead of publishing"),
         speed: float | None = typer.Option(
             None, "--speed", min=0.0001,
             help="pace by the recorded timestamps, X times real time (default: no pacing)"),
@@ -28,14 +38,32 @@ def register(app: typer.Typer) -> None:
             help="create missing flare topics (FLARE_PARTITIONS partitions) first"),
     ) -> None:
         """Publish a recorded stream (one Kafka message per line) to the broker."""
+        from flare.producers.kineto import KinetoError, kineto_to_events
         from flare.producers.live import publish_events
         from flare.producers.publisher import Publisher, PublishError
-        from flare.producers.recording import RecordingError, recording_events
+        from flare.producers.recording import RecordingError, recording_events, write_events
         from flare.settings import Settings
         from flare.streams.broker import BrokerError, wait_for_broker
         from flare.streams.topics import TopicError, ensure_topics
         from flare.streams.worker import local_bootstrap
 
+        if (recording is None) == (not kineto):
+            typer.echo("error: give a recording or --kineto DIR (not both)", err=True)
+            raise typer.Exit(2)
+        if out is not None and not kineto:
+            typer.echo("error: --out goes with --kineto", err=True)
+            raise typer.Exit(2)
+        try:
+            events = (
+                list(kineto_to_events(kineto, job)) if kineto else recording_events(recording)
+            )
+        except KinetoError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        if out is not None:
+            n = write_events(events, out)
+            typer.echo(f"wrote {n} messages to {out}")
+            return
         settings = Settings(**({"kafka_bootstrap": bootstrap} if bootstrap else {}))
         address = local_bootstrap(settings)
         publisher: Publisher | None = None
@@ -44,7 +72,7 @@ def register(app: typer.Typer) -> None:
             if create_topics:
                 ensure_topics(address, settings.partitions)
             publisher = Publisher(address)
-            summary = publish_events(recording_events(recording), publisher, speed)
+            summary = publish_events(events, publisher, speed)
             stats = publisher.flush()
         except RecordingError as exc:
             sent = publisher.flush().delivered if publisher is not None else 0

@@ -1,4 +1,5 @@
-"""`flare simulate`: write a simulated cluster run (recording + ground truth) to disk."""
+"""`flare simulate`: a simulated cluster run, written to disk (recording + ground truth) or,
+with `--bootstrap`, published live to Kafka as the cluster's agents would."""
 
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ def register(app: typer.Typer) -> None:
         step_time: float = typer.Option(2.0, min=0.001, help="healthy step time, seconds"),
         ep: int = typer.Option(1, min=1, help="MoE expert-parallel size (divides dp)"),
         heartbeats: bool = typer.Option(True, help="emit ~1 Hz heartbeats per rank"),
+        bootstrap: str | None = typer.Option(
+            None, help="publish live to this Kafka (host:port) instead of writing --out"
+        ),
+        speed: float = typer.Option(
+            1.0, min=0.0001, help="with --bootstrap: X times real time (0: no pacing)"
+        ),
     ) -> None:
         """Simulate a training job with an optional fault; write the recording and its truth."""
         import orjson
@@ -69,6 +76,9 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None
 
+        if bootstrap:
+            _publish_live(sim, bootstrap, speed, console)
+            return
         with Progress(
             "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), console=console,
@@ -80,3 +90,27 @@ def register(app: typer.Typer) -> None:
             progress.update(task, completed=steps)
         console.print(f"wrote {out} and {truth_path(out)}")
         typer.echo(orjson.dumps(truth.to_dict(), option=orjson.OPT_INDENT_2).decode())
+
+
+def _publish_live(sim, bootstrap: str, speed: float, console) -> None:  # noqa: ANN001
+    """Publish the run in (scaled) real time until it ends or SIGTERM / Ctrl-C."""
+    import signal
+
+    from flare.producers.live import publish_events
+    from flare.producers.publisher import Publisher, PublishError
+
+    stopping: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    try:
+        publisher = Publisher(bootstrap)
+        console.print(f"publishing {sim.truth.job} to {bootstrap} (×{speed or 'max'} speed)")
+        summary = publish_events(
+            sim.events(), publisher, speed or None, should_stop=lambda: bool(stopping)
+        )
+        publisher.flush(10.0)
+    except KeyboardInterrupt:
+        return
+    except PublishError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    console.print(f"published {summary.events} messages")

@@ -21,8 +21,6 @@ from typing import Any
 import typer
 
 _CLI = "from flare.cli import main; main()"
-_SIM = ("import sys; from flare.commands.up import simulate_live_main; "
-        "simulate_live_main(sys.argv[1:])")
 
 
 @dataclass
@@ -83,35 +81,6 @@ def build_simulator(job: str, gpus: int, steps: int, fault: str | None, severity
     flt = Fault(fault, severity, onset, None) if fault and fault != "none" else None
     return ClusterSimulator(Scenario(job=job, layout=layout_for_gpus(gpus), steps=steps,
                                      seed=seed, fault=flt, step_time_s=step_time))
-
-
-def simulate_live_main(argv: list[str]) -> None:
-    """Entry of the simulator child: publish a simulated cluster in real time until killed."""
-    import argparse
-    import signal
-
-    from flare.producers.live import publish_events
-    from flare.producers.publisher import Publisher
-
-    p = argparse.ArgumentParser(prog="flare-up-simulator")
-    p.add_argument("--bootstrap", required=True)
-    p.add_argument("--job", required=True)
-    p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--fault", default="none")
-    p.add_argument("--severity", type=float, default=1.0)
-    p.add_argument("--onset", type=int, default=0)
-    p.add_argument("--step-time", type=float, required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--speed", type=float, default=1.0)
-    a = p.parse_args(argv)
-    stopping: list[bool] = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    sim = build_simulator(a.job, a.gpus, a.steps, a.fault, a.severity, a.onset, a.step_time,
-                          a.seed)
-    publisher = Publisher(a.bootstrap)
-    publish_events(sim.events(), publisher, a.speed, should_stop=lambda: bool(stopping))
-    publisher.flush(10.0)
 
 
 def _wait_http(url: str, child: _Child, timeout_s: float) -> bool:
@@ -217,10 +186,11 @@ def register(app: typer.Typer) -> None:
                 raise RuntimeError(f"the worker did not come up; its log:\n{worker.log_tail()}")
             say(f"worker up (pid {worker.process.pid}); API at {api_url}  (docs: {api_url}/docs)")
             if simulate:
-                argv = [sys.executable, "-c", _SIM, "--bootstrap", bootstrap, "--job", job,
-                        "--gpus", str(gpus), "--steps", str(sim_steps), "--fault", fault,
-                        "--severity", str(severity), "--onset", str(onset),
+                argv = [sys.executable, "-c", _CLI, "simulate", "--bootstrap", bootstrap,
+                        "--job", job, "--gpus", str(gpus), "--steps", str(sim_steps),
                         "--step-time", str(step_time), "--seed", str(seed)]
+                if fault != "none":
+                    argv += ["--fault", fault, "--severity", str(severity), "--onset", str(onset)]
                 children.append(_spawn("simulator", argv, logs / "simulator.log", env))
                 what = f"{fault} ×{severity} from step {onset}" if fault != "none" else "no fault"
                 say(f"simulating job {job}: {gpus} GPUs, {what}, real time")
