@@ -60,7 +60,7 @@ class Op:
 
 @dataclass(slots=True)
 class _Events:
-    steps: list[tuple[int, int, int]] = field(default_factory=list)  # (step, t0, t1)
+    steps: list[tuple[int, float, float]] = field(default_factory=list)  # (step, t0, t1)
     nccl_kernels: list[dict[str, Any]] = field(default_factory=list)
     compute_kernels: list[dict[str, Any]] = field(default_factory=list)
     launches: dict[Any, float] = field(default_factory=dict)  # correlation -> CPU ts (us)
@@ -176,9 +176,9 @@ def _comm_ops(ev: _Events, clock: _Clock) -> list[Op]:
             args = (call.get("args") or {}) if call is not None else {}
             ops.append(_op_from(g, wire, args, clock, call["ts"] if call else g["ts"]))
         return ops
-    for src in (ev.param_comms, ev.c10d, ev.nccl_cpu):
-        if src:
-            for e in src:
+    for source in (ev.param_comms, ev.c10d, ev.nccl_cpu):
+        if source:
+            for e in source:
                 wire, args = _wire_of(e)
                 if wire is not None:
                     ops.append(_op_from(e, wire, args, clock, e["ts"]))

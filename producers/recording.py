@@ -13,7 +13,7 @@ import gzip
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import orjson
 
@@ -50,7 +50,9 @@ def message_ts_ns(value: Mapping[str, Any] | bytes, default: int) -> int:
 
 
 def _open(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
+    if path.suffix == ".gz":
+        return cast(IO[bytes], gzip.open(path, "rb"))
+    return open(path, "rb")  # noqa: SIM115
 
 
 def read_recording(path: str | Path) -> Iterator[RecordedMessage]:

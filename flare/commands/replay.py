@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
             n = write_events(events, out)
             typer.echo(f"wrote {n} messages to {out}")
             return
-        settings = Settings(**({"kafka_bootstrap": bootstrap} if bootstrap else {}))
+        settings = Settings(kafka_bootstrap=bootstrap) if bootstrap else Settings()
         address = local_bootstrap(settings)
         publisher: Publisher | None = None
         try:
