@@ -95,37 +95,26 @@ def clean_scenarios(gpus: Iterable[int], total_steps: int = CLEAN_STEPS_TOTAL) -
     # and diagnose), at least one run per layout; the total reaches `total_steps`
     weights = [1.0 / g for g in gpus]
     runs_per = [max(1, round(total_steps / per_run * w / sum(weights))) for w in weights]
-    out = []
-    i = 0
-    for g, n_runs in zip(gpus, runs_per, strict=True):
-        for k in range(n_runs):
-            vname, make = variants[k % len(variants)]
-            layout, noise = make(layout_for_gpus(g))
-            out.append(
-                Scenario(
-                    job=f"clean-{vname}-{g}g-r{k}",
-                    layout=layout,
-                    steps=per_run,
-                    seed=_seed("clean", k, g),
-                    noise=noise,
-                    heartbeats=False,
-                )
-            )
-            i += 1
-    while sum(sc.steps for sc in out) < total_steps:  # rounding: top up on the smallest
-        g = min(gpus)
-        layout, noise = variants[i % len(variants)][1](layout_for_gpus(g))
-        out.append(
-            Scenario(
-                job=f"clean-extra-{g}g-r{i}",
-                layout=layout,
-                steps=per_run,
-                seed=_seed("clean", i, g),
-                noise=noise,
-                heartbeats=False,
-            )
+    out: list[Scenario] = []
+
+    def clean(name: str, g: int, k: int) -> Scenario:
+        vname, make = variants[k % len(variants)]
+        layout, noise = make(layout_for_gpus(g))
+        return Scenario(
+            job=f"clean-{vname}-{g}g-{name}{k}",
+            layout=layout,
+            steps=per_run,
+            seed=_seed("clean", k, g) if name == "r" else _seed("clean", name, k, g),
+            noise=noise,
+            heartbeats=False,
         )
-        i += 1
+
+    for g, n_runs in zip(gpus, runs_per, strict=True):
+        out += [clean("r", g, k) for k in range(n_runs)]
+    k = 0
+    while sum(sc.steps for sc in out) < total_steps:  # rounding: top up on the smallest
+        out.append(clean("extra", min(gpus), k))
+        k += 1
     return out
 
 

@@ -132,14 +132,7 @@ class TansuBroker:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Terminate the broker, then kill it if it does not exit in time. Idempotent."""
-        if self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=timeout_s)
+        stop_process(self.process, timeout_s)
 
     def log_tail(self, n: int = 20) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -200,3 +193,15 @@ def start_tansu(
             raise BrokerError(f"{exc}; tansu said:\n{tail}") from None
         raise
     return broker
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
+    """Terminate a child, then kill it if it does not exit in time. Idempotent."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5.0)

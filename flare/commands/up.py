@@ -33,14 +33,9 @@ class _Child:
         return self.process.poll() is None
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        if self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=5.0)
+        from flare.streams.broker import stop_process
+
+        stop_process(self.process, timeout_s)
 
     def log_tail(self, n: int = 25) -> str:
         try:
