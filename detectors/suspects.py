@@ -112,7 +112,11 @@ def _compute_suspects(
         keys, n_rep = rep
         size = np.bincount(keys, minlength=n_rep)[keys]
         rep_x = grouped_median(x, keys, n_rep)[keys]
-        g = np.where(size >= 2, x - rep_x, g)
+        # a pair's median is its mean: the slow member's residual is +d/2 and its partner's
+        # -d/2, so with fewer than three pairs half of all residuals carry the fault and the
+        # spread estimate breaks down; then the node is the better reference
+        usable = (size >= 3) | ((size == 2) & (n_rep >= 3))
+        g = np.where(usable, x - rep_x, g)
     sg = noise.sigma("gpu", g, 0.004)
     zg = g / sg
     for i in np.flatnonzero(zg >= Z_REPORT):
