@@ -56,9 +56,10 @@ def register(app: typer.Typer) -> None:
             "latency_steps_median",
             "latency_s_median",
         )
+        heads = ("runs", "top1", "top3", "kind", "false/10k clean", "latency steps", "latency s")
         table.add_column("family")
-        for c in cols:
-            table.add_column(c, justify="right")
+        for h in heads:
+            table.add_column(h, justify="right")
 
         def fmt(v: object) -> str:
             return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
@@ -68,6 +69,6 @@ def register(app: typer.Typer) -> None:
         for g, m in doc["by_gpus"].items():
             table.add_row(f"all at {g} GPUs", *(fmt(m[c]) for c in cols), style="italic")
         table.add_row("overall", *(fmt(doc["overall"][c]) for c in cols), style="bold")
-        Console().print(table)
+        Console(width=max(Console().width, 110)).print(table)
         if json_out:
             json_out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
