@@ -48,7 +48,8 @@ class JobDiagnoser:
         self.hang = HangDetector(timeout_s=s.hang_timeout_s)
         self.topology = Topology()
         self.noise = NoiseMemory()
-        self.now_ns = 0
+        self.now_ns = 0  # stream time of every message (hang timeouts)
+        self.steps_ns = 0  # stream time of step messages only (grace periods)
         self.steps_seen = 0
         self.world = 0
         self._onset_baseline: dict[tuple[str, str], float] = {}
@@ -57,18 +58,26 @@ class JobDiagnoser:
     def on_steps(self, msg: RankStep) -> DiagnoserOutput:
         """One rank-step message; returns the reports of any steps it completed."""
         self.now_ns = max(self.now_ns, msg.t_end_ns)
+        self.steps_ns = max(self.steps_ns, msg.t_end_ns)
         out = DiagnoserOutput()
         hang = self._hang_incident()
         if hang is not None and hang.culprit == f"rank:{msg.rank}" and msg.step >= hang.onset_step:
             out.incidents.append(self._resolve(hang, msg.step))
-        for frame in self.assembler.add(msg, self.now_ns):
+        for frame in self.assembler.add(msg, self.steps_ns):
             out.extend(self.on_frame(frame))
         return out
 
     def on_heartbeat(self, hb: HeartbeatV1) -> DiagnoserOutput:
-        """One heartbeat; advances stream time, so it may complete steps or open a hang."""
+        """One heartbeat: it may open a hang, but it does not expire step grace periods.
+
+        Under backlog a consumer can read heartbeats ahead of the step messages of the same
+        moment; letting them move the assembly clock would cut steps short of ranks whose
+        messages are merely not read yet. Steps expire on step time (and on `tick`, which
+        the worker calls only for partitions that are caught up).
+        """
         self.hang.observe(hb)
-        return self.tick(hb.ts_ns)
+        self.now_ns = max(self.now_ns, hb.ts_ns)
+        return self._check_hang()
 
     def on_job(self, ev: JobV1) -> DiagnoserOutput:
         """A job start (layout, topology) or end (flushes pending steps)."""
@@ -91,6 +100,10 @@ class JobDiagnoser:
         out = DiagnoserOutput()
         for frame in self.assembler.advance(self.now_ns):
             out.extend(self.on_frame(frame))
+        return out.extend(self._check_hang())
+
+    def _check_hang(self) -> DiagnoserOutput:
+        out = DiagnoserOutput()
         timeout = max(self.settings.hang_timeout_s, 3 * self._baseline_s())
         finding = self.hang.check(self.now_ns, timeout)
         if finding is not None and self._hang_incident() is None:
