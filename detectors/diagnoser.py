@@ -18,6 +18,7 @@ from flare.detectors.frame import StepFrame
 from flare.detectors.hang import HangDetector
 from flare.detectors.incidents import IncidentBook, OpenIncident
 from flare.detectors.irregularity import StepTimeBaseline
+from flare.detectors.peers import stage_keys
 from flare.detectors.report import Detection, DiagnoserOutput, StepReport
 from flare.detectors.rows import group_rows, rank_rows
 from flare.detectors.suspects import (
@@ -143,9 +144,10 @@ class JobDiagnoser:
             self._learn_membership(frame, feats)
         step_time = float(np.median(feats.span_s))
         irr = self.baseline.update(step_time)
-        ratio = compute_ratio(frame, feats)
+        stages = stage_keys(frame)
+        ratio = compute_ratio(frame, feats, stages)
         ref = transfer_reference(feats.inst)
-        cands = step_suspects(frame, feats, ratio, self.topology, ref, self.noise)
+        cands = step_suspects(frame, feats, ratio, self.topology, ref, self.noise, stages)
         keep = set(self.book.open)
         confirmed = self.tracker.update(
             frame.step, cands.entity, cands.kind, cands.z, cands.excess_s, cands.detail, keep

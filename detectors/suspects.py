@@ -20,7 +20,7 @@ import numpy as np
 
 from flare.detectors.features import Instances, StepFeatures
 from flare.detectors.frame import StepFrame
-from flare.detectors.peers import replica_keys, stage_keys
+from flare.detectors.peers import replica_keys
 from flare.detectors.segments import grouped_median, grouped_quantile, robust_sigma, unique_ints
 from flare.schemas.rankstep import P2P
 
@@ -86,10 +86,12 @@ def _node_stats(
     return grouped_median(values, node, n_nodes), counts
 
 
-def compute_ratio(frame: StepFrame, feats: StepFeatures) -> np.ndarray:
+def compute_ratio(
+    frame: StepFrame, feats: StepFeatures, stages: tuple[np.ndarray, int]
+) -> np.ndarray:
     """(R,) compute time vs the median of the rank's stage peers (1.0 = like its peers)."""
     basis = feats.compute_s if feats.has_compute else feats.gap_s
-    keys, n_keys = stage_keys(frame)
+    keys, n_keys = stages
     ref = grouped_median(basis, keys, n_keys)[keys]
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(ref > 0, basis / ref, np.nan)
@@ -143,11 +145,15 @@ def _compute_suspects(
 
 
 def _host_suspects(
-    frame: StepFrame, feats: StepFeatures, noise: NoiseMemory, out: Candidates
+    frame: StepFrame,
+    feats: StepFeatures,
+    stages: tuple[np.ndarray, int],
+    noise: NoiseMemory,
+    out: Candidates,
 ) -> None:
     if not feats.has_compute:
         return  # gaps then include compute: the compute view already uses them
-    keys, n_keys = stage_keys(frame)
+    keys, n_keys = stages
     ref_gap = grouped_median(feats.gap_s, keys, n_keys)[keys]
     ref_span = grouped_median(feats.span_s, keys, n_keys)[keys]
     extra = feats.gap_s - ref_gap
@@ -340,12 +346,15 @@ def step_suspects(
     topo: Topology,
     ref: np.ndarray,
     noise: NoiseMemory,
+    stages: tuple[np.ndarray, int],
 ) -> Candidates:
-    """All suspects of one step with their significance (robust z) and cost in seconds."""
+    """All suspects of one step with their significance (robust z) and cost in seconds.
+
+    `stages` is `peers.stage_keys(frame)`, computed once per step by the caller."""
     out = Candidates()
     if frame.n_ranks < 2:
         return out
     _compute_suspects(frame, feats, ratio, noise, out)
-    _host_suspects(frame, feats, noise, out)
+    _host_suspects(frame, feats, stages, noise, out)
     _network_suspects(frame, feats, topo, ref, out)
     return out

@@ -20,6 +20,7 @@ import numpy as np
 from flare.detectors.assembly import StepAssembler
 from flare.detectors.diagnoser import JobDiagnoser
 from flare.detectors.features import step_features
+from flare.detectors.peers import stage_keys
 from flare.detectors.suspects import (
     NoiseMemory,
     Topology,
@@ -62,7 +63,9 @@ def main() -> None:
         feats = step_features(f)
         t1 = time.perf_counter()
         ref = transfer_reference(feats.inst)
-        step_suspects(f, feats, compute_ratio(f, feats), Topology(), ref, NoiseMemory())
+        stages = stage_keys(f)
+        ratio = compute_ratio(f, feats, stages)
+        step_suspects(f, feats, ratio, Topology(), ref, NoiseMemory(), stages)
         t2 = time.perf_counter()
         feat_t.append(t1 - t0)
         susp_t.append(t2 - t1)

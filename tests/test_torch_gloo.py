@@ -135,11 +135,13 @@ class DaemonThread:
         self.thread.join(15)
 
 
-def _launch(sock: Path, steps: int, *, slow_rank: int = -1, slow_s: float = 0.0,
-            stop_rank: int = -1, stop_step: int = -1) -> list[subprocess.Popen]:
+def launch_ranks(sock: Path, steps: int, *, job: str = "gloo-test", node: str = "node-test",
+                 interval_s: float = 0.2, slow_rank: int = -1, slow_s: float = 0.0,
+                 stop_rank: int = -1, stop_step: int = -1) -> list[subprocess.Popen]:
+    """Start the WORLD ranks of `train` as job `job` on node `node`, hook on."""
     port = _free_port()
-    env = dict(os.environ, FLARE_AGENT_SOCKET=str(sock), FLARE_JOB="gloo-test",
-               FLARE_NODE="node-test", FLARE_AGENT_INTERVAL_S="0.2", OMP_NUM_THREADS="1",
+    env = dict(os.environ, FLARE_AGENT_SOCKET=str(sock), FLARE_JOB=job, FLARE_NODE=node,
+               FLARE_AGENT_INTERVAL_S=str(interval_s), OMP_NUM_THREADS="1",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     procs = []
     for rank in range(WORLD):
@@ -186,7 +188,7 @@ def _phase(ms, name: str) -> np.ndarray:
 def test_slowed_rank_computes_longer_and_peers_wait(sock):
     steps = 8
     with DaemonThread(sock, 0.2) as d:
-        _run_to_end(_launch(sock, steps, slow_rank=2, slow_s=0.15))
+        _run_to_end(launch_ranks(sock, steps, slow_rank=2, slow_s=0.15))
     by_rank = _steps_by_rank(d.publisher)
     assert sorted(by_rank) == list(range(WORLD))
     for rank, ms in by_rank.items():
@@ -222,7 +224,7 @@ def test_slowed_rank_computes_longer_and_peers_wait(sock):
 
 def test_stopped_rank_leaves_peers_blocked_in_flight(sock):
     with DaemonThread(sock, 0.2) as d:
-        procs = _launch(sock, 50, stop_rank=1, stop_step=3)
+        procs = launch_ranks(sock, 50, stop_rank=1, stop_step=3)
         try:
             deadline = time.monotonic() + 60
             blocked: dict[int, object] = {}
@@ -248,7 +250,7 @@ def test_stopped_rank_leaves_peers_blocked_in_flight(sock):
 
 def test_healthy_run_has_no_compute_outlier(sock):
     with DaemonThread(sock, 0.2) as d:
-        _run_to_end(_launch(sock, 6))
+        _run_to_end(launch_ranks(sock, 6))
     by_rank = _steps_by_rank(d.publisher)
     fwd = np.array([np.median(_phase(ms[2:], "fwd")) for _r, ms in sorted(by_rank.items())])
     assert fwd.max() < 3 * np.median(fwd) + 0.02, fwd

@@ -11,9 +11,7 @@ newest step it shipped, which is how a test knows when a stopped rank stopped.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -25,8 +23,8 @@ import orjson
 
 from flare.producers.agent_daemon import STEPS_TOPIC, run_agent
 from flare.producers.publisher import Publisher
-from flare.streams.broker import free_port
-from tests.test_torch_gloo import REPO, WORLD
+from tests.test_torch_gloo import WORLD
+from tests.test_torch_gloo import launch_ranks as gloo_launch
 
 __all__ = ["WORLD", "KafkaAgent", "StepTap", "launch_ranks", "run_to_end", "stop_all"]
 
@@ -117,22 +115,9 @@ class KafkaAgent:
         return s.failed == 0 and s.delivered == s.queued > 0
 
 
-def launch_ranks(sock: Path, job: str, steps: int, *, node: str = "node-test",
-                 interval_s: float = 0.2, slow_rank: int = -1, slow_s: float = 0.0,
-                 stop_rank: int = -1, stop_step: int = -1) -> list[subprocess.Popen[bytes]]:
-    """Start the WORLD ranks of `tests.test_torch_gloo.train` as job `job` on node `node`."""
-    port = free_port()
-    env = dict(os.environ, FLARE_AGENT_SOCKET=str(sock), FLARE_JOB=job, FLARE_NODE=node,
-               FLARE_AGENT_INTERVAL_S=str(interval_s), OMP_NUM_THREADS="1",
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = []
-    for rank in range(WORLD):
-        code = (f"from tests.test_torch_gloo import train; "
-                f"train({rank}, {WORLD}, {port}, {steps}, {slow_rank}, {slow_s}, "
-                f"{stop_rank}, {stop_step})")
-        procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=REPO,
-                                      env=dict(env, LOCAL_RANK=str(rank))))
-    return procs
+def launch_ranks(sock: Path, job: str, steps: int, **kw: Any) -> list[subprocess.Popen[bytes]]:
+    """Start the WORLD ranks of `tests.test_torch_gloo.train` as job `job` (hook on)."""
+    return gloo_launch(sock, steps, job=job, **kw)
 
 
 def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
