@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     kafka_session_timeout_s: float = Field(
         6.0, description="consumer-group session timeout; tansu joins in about half of it"
     )
+    kafka_fetch_max_wait_ms: int = Field(
+        20, ge=0, description="longest a worker's fetch waits on quiet partitions (faust's "
+        "own is 1,500 ms, which idles a busy worker: see streams/faust_consumer.py)"
+    )
     worker_stall_s: float = Field(
         30.0, description="/readyz fails when input waits and nothing was processed this long"
     )

@@ -6,7 +6,7 @@ Usage:
   python load-tests/bench_pipeline.py --gpus 1024 --speed 1 --duration-s 600  # real time, lag
 Options: --step-time 10, --microbatches 16 --chunks 12 (~830 ops per rank), --distinct 3,
 --no-heartbeats, --first-step 60, --sample-s, --profile-s 30 (py-spy on the worker),
---fetch-max-wait-ms 20 (experiment: the worker's consumer with a shorter fetch wait).
+--fetch-max-wait-ms MS (the worker's FLARE_KAFKA_FETCH_MAX_WAIT_MS; faust's own is 1500).
 
 What runs: a throwaway tansu broker and one `flare worker` process (embedded chDB in a temp
 dir, its API on a free port), all on loopback; everything stops by itself.
@@ -57,6 +57,7 @@ import orjson
 from flare.producers.live import publish_events
 from flare.producers.publisher import producer_config
 from flare.producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
+from flare.settings import Settings
 from flare.streams.broker import free_port, start_tansu
 from flare.streams.topics import ensure_topics
 
@@ -66,17 +67,6 @@ PARTITIONS = 4
 _MARK = 7_777_000_000_000_000_000  # > any ns timestamp we emit, < 2**63: a hole in a template
 _HOLE = re.compile(rb"7777000000000000(\d{3})")
 CLI = "from flare.cli import main; main()"
-# Experiment (`--fetch-max-wait-ms`): faust hard-codes fetch_max_wait_ms=1500 for the
-# worker's aiokafka consumer; this prelude overrides it in the worker process only.
-FETCH_PATCH = """
-import aiokafka
-_init = aiokafka.AIOKafkaConsumer.__init__
-def _patched(self, *topics, **kw):
-    if "fetch_max_wait_ms" in kw:
-        kw["fetch_max_wait_ms"] = {ms}
-    _init(self, *topics, **kw)
-aiokafka.AIOKafkaConsumer.__init__ = _patched
-"""
 
 
 # ---- the workload: byte templates of `distinct` steps, replayed in cycles -----------------
@@ -302,15 +292,16 @@ class Worker:
 def start_worker(bootstrap: str, tmp: Path, extra_env: list[str],
                  fetch_max_wait_ms: int | None = None) -> Worker:
     port = free_port()
-    code = CLI if fetch_max_wait_ms is None else FETCH_PATCH.format(ms=fetch_max_wait_ms) + CLI
+    fetch = {} if fetch_max_wait_ms is None else {
+        "FLARE_KAFKA_FETCH_MAX_WAIT_MS": str(fetch_max_wait_ms)}
     env = {**os.environ, "FLARE_KAFKA_BOOTSTRAP": bootstrap,
            "FLARE_CLICKHOUSE_URL": f"chdb:///{(tmp / 'chdb').as_posix().lstrip('/')}",
            "FLARE_GROUP_ID": f"bench-{uuid.uuid4().hex[:6]}", "FLARE_PARTITIONS": str(PARTITIONS),
-           "FLARE_API_PORT": str(port), "FLARE_LOG_LEVEL": "info",
+           "FLARE_API_PORT": str(port), "FLARE_LOG_LEVEL": "info", **fetch,
            **dict(kv.split("=", 1) for kv in extra_env)}
     log_path = tmp / "worker.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-c", code, "worker", "--quiet"], env=env,
+        proc = subprocess.Popen([sys.executable, "-c", CLI, "worker", "--quiet"], env=env,
                                 cwd=tmp, stdout=log, stderr=subprocess.STDOUT)
     return Worker(proc, f"http://127.0.0.1:{port}", log_path)
 
@@ -449,7 +440,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--profile-s", type=float, default=0.0, help="py-spy the worker this long")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="hard stop")
     ap.add_argument("--fetch-max-wait-ms", type=int, default=None,
-                    help="experiment: override faust's hard-coded 1500 ms fetch wait")
+                    help="the worker's fetch wait (FLARE_KAFKA_FETCH_MAX_WAIT_MS; default: "
+                    "the setting's default)")
     ap.add_argument("--worker-env", action="append", default=[], metavar="FLARE_X=VALUE",
                     help="extra environment of the worker, e.g. a setting to try (repeatable)")
     ap.add_argument("--keep-logs", type=Path, default=None,
@@ -602,8 +594,9 @@ def report(args: argparse.Namespace, wl: Workload, steps: int, out: Outcome, gen
     print(f"- job: {wl.world:,} ranks, {ops_per_rank:.0f} ops per rank-step, simulated step "
           f"{sim_step_s:.2f} s, {steps} steps (cycling {wl.distinct} simulated steps), "
           f"heartbeats {hb}; generation {gen_s:.1f} s (not measured){pre}")
-    fetch = ("faust's default fetch_max_wait_ms=1500" if args.fetch_max_wait_ms is None else
-             f"**experiment: fetch_max_wait_ms={args.fetch_max_wait_ms}** (faust's is 1500)")
+    wait = (Settings().kafka_fetch_max_wait_ms if args.fetch_max_wait_ms is None
+            else args.fetch_max_wait_ms)
+    fetch = f"fetch wait {wait} ms (faust's own is 1,500 ms)"
     print("- stack: tansu (memory storage) + one `flare worker` process (faust-streaming, "
           f"embedded chDB), loopback; {fetch}")
 

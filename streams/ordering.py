@@ -15,6 +15,12 @@ that topic to catch up. Waiting is bounded in time (`max_hold_s`) and space
 (`max_buffered`), so a stalled topic delays a job a little but never blocks it. In real time
 there is no lag and nothing waits.
 
+The hold is timed per (job, topic) from the moment that topic's queue is empty while its
+partition still has messages to fetch, not from the age of what is held: under a backlog a
+job's `end` event sits in its queue for as long as the job's steps take to drain, and each
+refill of the steps queue proves the topic is flowing, not stalled. Timing from the oldest
+held item would force the `end` out ahead of the steps it must follow.
+
 Within a topic the order is never changed (offset order), so this is a merge, not a sort.
 """
 
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -32,8 +38,15 @@ T = TypeVar("T")
 class _Held(Generic[T]):
     time_ns: int
     rank: int  # tie-break between topics at equal event times
-    since: float  # worker clock when it was buffered
     item: T
+
+
+@dataclass(slots=True)
+class _Queues(Generic[T]):
+    """One job's queue per topic, and since when each empty one has been waited on."""
+
+    queues: dict[str, deque[_Held[T]]]
+    waiting_since: dict[str, float] = field(default_factory=dict)
 
 
 class EventTimeMerger(Generic[T]):
@@ -52,15 +65,16 @@ class EventTimeMerger(Generic[T]):
         self._now = now
         self.max_hold_s = max_hold_s
         self.max_buffered = max_buffered
-        self._jobs: dict[tuple[int, str], dict[str, deque[_Held[T]]]] = {}
+        self._jobs: dict[tuple[int, str], _Queues[T]] = {}
         self.buffered = 0
         self.forced = 0  # releases made before it was safe (hold time or space exceeded)
 
     def push(self, partition: int, job: str, topic: str, time_ns: int, item: T) -> None:
-        queues = self._jobs.get((partition, job))
-        if queues is None:
-            queues = self._jobs[(partition, job)] = {t: deque() for t in self.topics}
-        queues[topic].append(_Held(time_ns, self._rank[topic], self._now(), item))
+        job_queues = self._jobs.get((partition, job))
+        if job_queues is None:
+            job_queues = self._jobs[(partition, job)] = _Queues({t: deque() for t in self.topics})
+        job_queues.queues[topic].append(_Held(time_ns, self._rank[topic], item))
+        job_queues.waiting_since.pop(topic, None)
         self.buffered += 1
 
     def partitions_with_items(self) -> set[int]:
@@ -76,32 +90,38 @@ class EventTimeMerger(Generic[T]):
         now = self._now()
         for key in list(self._jobs):
             partition, _job = key
-            queues = self._jobs[key]
-            waiting_on = [t for t, q in queues.items() if not q and has_more(t, partition)]
+            job_queues = self._jobs[key]
+            queues, since = job_queues.queues, job_queues.waiting_since
+            for t, q in queues.items():
+                if q or not has_more(t, partition):
+                    since.pop(t, None)
+                else:
+                    since.setdefault(t, now)
             while True:
                 heads = [q[0] for q in queues.values() if q]
                 if not heads:
                     del self._jobs[key]
                     break
-                if waiting_on:
-                    oldest = min(h.since for h in heads)
-                    if now - oldest < self.max_hold_s and self.buffered <= self.max_buffered:
+                if since:
+                    waited = now - max(since.values())
+                    if waited < self.max_hold_s and self.buffered <= self.max_buffered:
                         break
                     self.forced += 1
                 best = min(heads, key=lambda h: (h.time_ns, h.rank))
-                queue = queues[self.topics[best.rank]]
+                topic = self.topics[best.rank]
+                queue = queues[topic]
                 queue.popleft()
                 self.buffered -= 1
                 out.append(best.item)
-                if not queue and has_more(self.topics[best.rank], partition):
-                    waiting_on.append(self.topics[best.rank])
+                if not queue and has_more(topic, partition):
+                    since[topic] = now
         return out
 
     def drop(self, partitions: set[int]) -> list[T]:
         """Forget the buffered items of revoked partitions (their new owner re-reads them)."""
         dropped: list[T] = []
         for key in [k for k in self._jobs if k[0] in partitions]:
-            for q in self._jobs.pop(key).values():
+            for q in self._jobs.pop(key).queues.values():
                 dropped.extend(h.item for h in q)
         self.buffered -= len(dropped)
         return dropped

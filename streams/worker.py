@@ -73,6 +73,8 @@ def build_app(
     import faust
     from faust.contrib.asgi import serve_asgi
 
+    from flare.streams.faust_consumer import transport_with_fetch_wait
+
     max_fetch = max(4 * 1024 * 1024, 2 * settings.max_message_bytes)
     app = faust.App(
         settings.group_id,
@@ -99,6 +101,9 @@ def build_app(
         # acked" at a rebalance would stall it. Our revoke hook drops what is held (it is
         # re-delivered) and skips what was already handled, so nothing needs the wait.
         stream_wait_empty=False,
+    )
+    app.transport = transport_with_fetch_wait(settings.kafka_fetch_max_wait_ms)(
+        app.conf.broker_consumer, app
     )
     source = app.topic(*INPUT_TOPICS, key_serializer="raw", value_serializer="raw")
     out_topics = {

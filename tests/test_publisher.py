@@ -65,8 +65,9 @@ def make(**kw: Any) -> tuple[Publisher, FakeProducer]:
     return Publisher("127.0.0.1:1", producer_factory=factory), holder[0]
 
 
-def test_config_is_idempotent_murmur2_and_batched() -> None:
+def test_config_is_idempotent_murmur2_batched_and_compressed() -> None:
     conf = producer_config("k:9092")
+    assert conf["compression.type"] == "lz4"  # the worker's aiokafka reads it via cramjam
     assert conf["enable.idempotence"] is True
     assert conf["partitioner"] == "murmur2_random"
     assert conf["linger.ms"] > 0 and conf["batch.size"] >= 64 * 1024

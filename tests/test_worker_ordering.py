@@ -61,6 +61,48 @@ def test_a_job_waits_for_a_topic_that_still_has_messages_to_fetch() -> None:
     assert m.release(has_more) == ["end"]
 
 
+def test_the_hold_is_timed_from_when_the_topic_ran_empty_not_from_the_oldest_item() -> None:
+    """Under a backlog the job's `end` waits behind its steps for as long as they keep coming."""
+    clock = Clock()
+    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, clock, max_hold_s=5.0)
+
+    def steps_lag(topic: str, partition: int) -> bool:
+        return topic == "steps"
+
+    m.push(0, "j", "jobs", 1000, "end")
+    m.push(0, "j", "steps", 100, "s1")
+    assert m.release(steps_lag) == ["s1"]
+    clock.t = 4.0
+    m.push(0, "j", "steps", 200, "s2")
+    assert m.release(steps_lag) == ["s2"]
+    clock.t = 8.0  # `end` is 8 s old, but the steps topic ran empty only 4 s ago
+    assert m.release(steps_lag) == []
+    assert m.forced == 0
+    clock.t = 9.0  # 5 s without a step while the topic still has messages: it is stalled
+    assert m.release(steps_lag) == ["end"]
+    assert m.forced == 1
+
+
+def test_a_topic_that_gets_lag_while_empty_is_waited_for_from_then() -> None:
+    clock = Clock()
+    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, clock, max_hold_s=5.0)
+    lagging: set[str] = set()
+
+    def has_more(topic: str, partition: int) -> bool:
+        return topic in lagging
+
+    m.push(0, "j", "heartbeats", 100, "hb")
+    m.push(0, "j", "heartbeats", 300, "hb2")
+    clock.t = 60.0
+    lagging.add("steps")  # a step reached the broker but is not fetched yet
+    assert m.release(has_more) == []
+    clock.t = 64.0
+    assert m.release(has_more) == []  # waited 4 s, not 60
+    m.push(0, "j", "steps", 200, "s")
+    lagging.clear()
+    assert m.release(has_more) == ["hb", "s", "hb2"]
+
+
 def test_waiting_is_bounded_in_time_and_space() -> None:
     clock = Clock()
     m: EventTimeMerger[str] = EventTimeMerger(TOPICS, clock, max_hold_s=5.0, max_buffered=3)
