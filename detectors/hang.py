@@ -103,6 +103,12 @@ class HangDetector:
         full = [k for k in stuck if not (self.members.get(k[0], set()) - stuck[k])]
         key = min(full or [oldest], key=lambda k: info[k][1])
         name, start, step = info[key]
+        if not full and now_ns - start < 2 * limit:
+            # Nobody is missing and idle, and no group has every member inside: the op that
+            # truly hangs has not crossed the timeout yet (a pipeline recv that started just
+            # before a collective hung crosses it first, waiting on a peer that is itself
+            # stuck). Wait for the full group; blame a partial one only if none appears.
+            return None
         return HangFinding(
             kind="hang",
             culprit=f"group:{key[0]}",

@@ -643,7 +643,8 @@ def report(args: argparse.Namespace, wl: Workload, steps: int, out: Outcome, gen
           f"at the newest step. Worker counters: {final.get('records', 0):,} records, "
           f"{final.get('reports', 0)} step reports, dead letters "
           f"{final.get('dead_letters', {}).get('total', final.get('dead_letters'))}, forced "
-          f"order releases {final.get('forced_order_releases')}, re-delivered and skipped "
+          f"order releases {final.get('forced_order_releases')} (waiting on: "
+          f"{final.get('forced_order_releases_waiting_on')}), re-delivered and skipped "
           f"{final.get('skipped_redelivered')}, partition assignments {out.assignments} "
           "(1 = no rebalance)." + (f" Steps stored incomplete: {', '.join(partial[:10])}."
                                    if partial else ""))

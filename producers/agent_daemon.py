@@ -2,12 +2,28 @@
 
 One per node. Ranks connect over a Unix socket (protocol in `torch_wire`); their step
 messages are forwarded untouched to `flare.steps.v1` (the rank already built wire v1), and
-every `interval_s` the daemon publishes one heartbeat per connected rank to
-`flare.heartbeats.v1` from the rank's latest in-flight table: what is in flight and since
-when. A rank whose process dies closes its socket and stops being heartbeated (its silence is
-the evidence); a rank stuck in Python or C code keeps its last table, so peers blocked in a
-collective and a rank stuck outside it are both visible. Rank 0's hello and goodbye become the
-job's `start` and `end` events.
+every `interval_s` the daemon samples each connected rank's latest in-flight table (what is in
+flight and since when) and may publish it as a heartbeat to `flare.heartbeats.v1`. A rank whose
+process dies closes its socket and stops being heartbeated (its silence is the evidence); a
+rank stuck in Python or C code keeps its last table, so peers blocked in a collective and a
+rank stuck outside it are both visible. Rank 0's hello and goodbye become the job's `start`
+and `end` events.
+
+Heartbeat cadence (the simulator follows the same policy). A worker pays ~130 µs per Kafka
+message, so one heartbeat per rank per second would cost more than a core at 8k GPUs; step
+messages already prove a rank alive while it progresses, and heartbeats matter only when an
+op sits in flight for long (hang detection). So sampling stays every `interval_s`, but a
+rank's sample is PUBLISHED only if
+  (a) it is the rank's first sample since it connected, or
+  (b) its set of *long* in-flight ops -- in flight for >= `long_op_s` at the sample time,
+      identified by (group, seq) -- differs from that set at its previous sample (an op that
+      becomes long is reported within one interval, and so is its end), or
+  (c) `keepalive_s` has passed since its last published heartbeat (keepalive; due half an
+      interval early so timer jitter does not push it one whole sample late).
+A published heartbeat carries the rank's FULL in-flight list (wire v1 unchanged). Healthy
+training costs ~1/keepalive_s heartbeats per rank plus a few per long op. `keepalive_s +
+long_op_s` must stay below the smallest hang timeout (10 s): a waiting rank then never looks
+silent, and a short op seen in a stale heartbeat never looks stuck.
 
 The parts: `AgentCore` is pure state (frames in, messages out, time from a `now` callable),
 `Outbox` is the bounded queue and the thread that talks to the publisher (batching and
@@ -20,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import queue
 import threading
@@ -47,6 +64,7 @@ STEPS_TOPIC = "flare.steps.v1"
 HEARTBEATS_TOPIC = "flare.heartbeats.v1"
 JOBS_TOPIC = "flare.jobs.v1"
 MAX_INFLIGHT = 256
+MIN_HANG_TIMEOUT_S = 10.0  # DetectorSettings.hang_timeout_s default, the smallest in use
 log = logging.getLogger("flare.agent")
 
 Message = tuple[str, bytes, bytes]  # topic, key, value
@@ -101,6 +119,34 @@ _hello = msgspec.json.Decoder(Hello)
 _table = msgspec.json.Decoder(Table)
 
 
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """When heartbeats are sampled and published (the policy is in the module docstring)."""
+
+    interval_s: float = 1.0
+    keepalive_s: float = 5.0
+    long_op_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "keepalive_s", "long_op_s"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if self.interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {self.interval_s!r}")
+        if self.keepalive_s < self.interval_s:
+            raise ValueError(
+                f"keepalive_s ({self.keepalive_s:g}) must be >= interval_s ({self.interval_s:g}):"
+                " heartbeats are only sampled every interval"
+            )
+        if self.keepalive_s + self.long_op_s >= MIN_HANG_TIMEOUT_S:
+            raise ValueError(
+                f"keepalive_s + long_op_s ({self.keepalive_s + self.long_op_s:g} s) must stay "
+                f"below the {MIN_HANG_TIMEOUT_S:g} s hang timeout, or a rank waiting in a "
+                "collective may look silent, and a short op in a stale heartbeat stuck"
+            )
+
+
 @dataclass(slots=True)
 class RankState:
     hello: Hello
@@ -108,25 +154,33 @@ class RankState:
     step: int = 0
     inflight: list[InflightOp] = field(default_factory=list)
     last_table_ns: int = 0
+    long_ops: frozenset[tuple[str, int]] | None = None  # at the previous sample; None: none yet
+    published_ns: int = 0  # time of the last published heartbeat
 
 
 @dataclass(slots=True)
 class CoreStats:
     steps: int = 0
     tables: int = 0
-    heartbeats: int = 0
+    samples: int = 0  # heartbeat samples taken (published or not)
+    heartbeats: int = 0  # heartbeats published
     bad_frames: int = 0
 
 
 class AgentCore:
     """The daemon's state, free of I/O: feed frames, collect messages to publish."""
 
-    def __init__(self, node: str, now: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, node: str, now: Callable[[], int] = time.time_ns, *,
+                 cadence: Cadence | None = None) -> None:
         self.node = node
         self.now = now
+        self.cadence = cadence or Cadence()
         self.ranks: dict[int, RankState] = {}  # by connection id
         self.stats = CoreStats()
         self._started: set[str] = set()
+        c = self.cadence
+        self._long_ns = int(c.long_op_s * 1e9)
+        self._keepalive_ns = int((c.keepalive_s - c.interval_s / 2) * 1e9)
 
     def on_frame(self, conn: int, ftype: int, payload: bytes) -> list[Message]:
         """One frame from connection `conn`; FrameError when it breaks the protocol."""
@@ -161,15 +215,33 @@ class AgentCore:
         self.ranks.pop(conn, None)
 
     def heartbeats(self) -> list[Message]:
-        """One heartbeat per connected rank, stamped now."""
+        """Sample every connected rank now; the heartbeats the cadence says to publish.
+
+        Called every `cadence.interval_s`. Per rank, a sample is published when it is the
+        first since the rank connected, when its set of long in-flight ops changed since the
+        previous sample, or when the keepalive is due (module docstring).
+        """
         now = self.now()
         out = []
         for st in self.ranks.values():
+            long_ops = frozenset(
+                (op.group, op.seq) for op in st.inflight if now - op.start_ns >= self._long_ns
+            )
+            due = (
+                st.long_ops is None
+                or long_ops != st.long_ops
+                or now - st.published_ns >= self._keepalive_ns
+            )
+            st.long_ops = long_ops
+            if not due:
+                continue
+            st.published_ns = now
             msg = {
                 "v": 1, "job": st.hello.job, "rank": st.hello.rank, "node": st.node,
                 "ts_ns": now, "step": st.step, "inflight": st.inflight,
             }
             out.append((HEARTBEATS_TOPIC, st.hello.job.encode(), msgspec.json.encode(msg)))
+        self.stats.samples += len(self.ranks)
         self.stats.heartbeats += len(out)
         return out
 
@@ -270,11 +342,12 @@ class AgentDaemon:
     """The Unix socket server of one node; `serve()` runs until `stop` is set."""
 
     def __init__(self, core: AgentCore, outbox: Outbox, socket_path: Path | str, *,
-                 interval_s: float = 1.0) -> None:
+                 interval_s: float | None = None) -> None:
         self.core = core
         self.outbox = outbox
         self.socket_path = Path(socket_path)
-        self.interval_s = interval_s
+        # the sampling period; the core's cadence one unless told otherwise
+        self.interval_s = core.cadence.interval_s if interval_s is None else interval_s
         self.ready = asyncio.Event()
         self._next_conn = 0
 
@@ -326,10 +399,15 @@ class AgentDaemon:
 
 
 async def run_agent(publisher: Publisher, socket_path: Path | str, node: str, *,
-                    interval_s: float = 1.0, stop: asyncio.Event | None = None,
+                    interval_s: float = 1.0, keepalive_s: float = 5.0, long_op_s: float = 1.0,
+                    stop: asyncio.Event | None = None,
                     max_messages: int = 100_000) -> AgentDaemon:
-    """Build and run a daemon until `stop` (a new event when None: runs until cancelled)."""
-    daemon = AgentDaemon(AgentCore(node), Outbox(publisher, max_messages=max_messages),
-                         socket_path, interval_s=interval_s)
+    """Build and run a daemon until `stop` (a new event when None: runs until cancelled).
+
+    ValueError when the cadence is invalid (see `Cadence`).
+    """
+    cadence = Cadence(interval_s=interval_s, keepalive_s=keepalive_s, long_op_s=long_op_s)
+    daemon = AgentDaemon(AgentCore(node, cadence=cadence),
+                         Outbox(publisher, max_messages=max_messages), socket_path)
     await daemon.serve(stop or asyncio.Event())
     return daemon

@@ -68,6 +68,7 @@ class EventTimeMerger(Generic[T]):
         self._jobs: dict[tuple[int, str], _Queues[T]] = {}
         self.buffered = 0
         self.forced = 0  # releases made before it was safe (hold time or space exceeded)
+        self.forced_by_topic: dict[str, int] = {}  # ... per topic that was waited on
 
     def push(self, partition: int, job: str, topic: str, time_ns: int, item: T) -> None:
         job_queues = self._jobs.get((partition, job))
@@ -107,6 +108,8 @@ class EventTimeMerger(Generic[T]):
                     if waited < self.max_hold_s and self.buffered <= self.max_buffered:
                         break
                     self.forced += 1
+                    for t in since:
+                        self.forced_by_topic[t] = self.forced_by_topic.get(t, 0) + 1
                 best = min(heads, key=lambda h: (h.time_ns, h.rank))
                 topic = self.topics[best.rank]
                 queue = queues[topic]

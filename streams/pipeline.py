@@ -266,6 +266,7 @@ class Pipeline:
             "jobs": len(self.router.jobs()),
             "held_for_order": self.merger.buffered,
             "forced_order_releases": self.merger.forced,
+            "forced_order_releases_waiting_on": dict(self.merger.forced_by_topic),
             "storage_ok": self.storage_ok,
             "storage_failures": self.stats.storage_failures,
             "rebuilt_from_history": self.stats.rebuilt,

@@ -18,6 +18,7 @@ from flare.producers.agent_daemon import (
     STEPS_TOPIC,
     AgentCore,
     AgentDaemon,
+    Cadence,
     MemoryPublisher,
     Outbox,
 )
@@ -93,7 +94,107 @@ def test_heartbeats_report_inflight_since_when_and_stop_on_disconnect():
         ("dp.0", "all_reduce", 41, started)]
     assert beats[1].inflight == []
     core.on_disconnect(2)  # the rank's process died: silence, not a fake "idle"
+    clock.advance(5)  # the keepalive of rank 0 (nothing else changed)
     assert [decode_heartbeat(v).rank for _t, _k, v in core.heartbeats()] == [0]
+
+
+def table(step: int, *ops: tuple[str, int, int]) -> bytes:
+    """An in-flight table frame: ops as (group, seq, start_ns)."""
+    return orjson.dumps({"step": step, "inflight": [
+        {"group": g, "name": "all_reduce", "seq": q, "start_ns": t} for g, q, t in ops]})
+
+
+def sample(core: AgentCore, clock: FakeClock) -> dict[int, list[tuple[str, int]]]:
+    """Advance one interval, sample: {rank: [(group, seq) in flight]} of what was published."""
+    clock.advance(core.cadence.interval_s)
+    beats = [decode_heartbeat(v) for _t, _k, v in core.heartbeats()]
+    assert all(hb.ts_ns == clock.t for hb in beats)
+    return {hb.rank: [(o.group, o.seq) for o in hb.inflight] for hb in beats}
+
+
+def test_cadence_first_sample_then_only_long_op_changes_and_keepalives():
+    clock = FakeClock()
+    core = AgentCore("n1", clock)  # interval 1 s, keepalive 5 s, long op 1 s
+    core.on_frame(1, HELLO, hello(0))
+    core.on_frame(2, HELLO, hello(1))
+    assert sample(core, clock) == {0: [], 1: []}  # (a) the first sample of every rank
+    # short ops come and go on both ranks: nothing is published until the keepalive
+    for seq in range(3):
+        core.on_frame(1, INFLIGHT, table(1, ("dp.0", seq, clock.t + 500_000_000)))
+        core.on_frame(2, INFLIGHT, table(1))
+        assert sample(core, clock) == {}
+    core.on_frame(1, INFLIGHT, table(1))
+    assert sample(core, clock) == {}
+    # (c) keepalive: 5 s after the last published heartbeat
+    assert sample(core, clock) == {0: [], 1: []}
+    # (b) rank 0 enters an op that stays in flight: published at the first sample where it
+    # is >= 1 s old, with the FULL list (a younger op rides along)
+    t0 = clock.t + 200_000_000
+    core.on_frame(1, INFLIGHT, table(2, ("dp.0", 6, t0)))
+    assert sample(core, clock) == {}  # 0.8 s old at this sample: still short
+    core.on_frame(1, INFLIGHT, table(2, ("dp.0", 6, t0), ("tp.0", 9, clock.t)))
+    assert sample(core, clock) == {0: [("dp.0", 6), ("tp.0", 9)]}  # 1.8 s: long
+    assert sample(core, clock) == {}  # same long set: quiet
+    # the op ends: its end is published at the next sample
+    core.on_frame(1, INFLIGHT, table(3))
+    assert sample(core, clock) == {0: []}
+    assert sample(core, clock) == {1: []}  # rank 1's keepalive is independent of rank 0's
+    assert core.stats.samples == 2 * 11 and core.stats.heartbeats == 7
+
+
+def test_cadence_keepalive_never_leaves_a_waiting_rank_silent_past_the_hang_timeout():
+    clock = FakeClock()
+    core = AgentCore("n1", clock, cadence=Cadence(interval_s=0.5, keepalive_s=3.0))
+    core.on_frame(1, HELLO, hello(0))
+    t0 = clock.t
+    core.on_frame(1, INFLIGHT, table(4, ("dp.0", 1, t0)))
+    published = []
+    for _ in range(60):  # 30 s blocked in one collective
+        clock.advance(0.5)
+        if core.heartbeats():
+            published.append(clock.t)
+    gaps = [(b - a) / 1e9 for a, b in zip(published, published[1:], strict=False)]
+    # first sample, the op turning long at 1 s, then keepalives every 3 s
+    assert published[0] - t0 == 500_000_000 and gaps[0] == 0.5
+    assert set(gaps[1:]) == {3.0}
+    assert len(published) == 2 + 29 // 3
+
+
+def test_a_reconnected_rank_is_published_at_its_first_sample():
+    clock = FakeClock()
+    core = AgentCore("n1", clock)
+    core.on_frame(1, HELLO, hello(3))
+    assert sample(core, clock) == {3: []}
+    assert sample(core, clock) == {}
+    core.on_disconnect(1)
+    core.on_frame(2, HELLO, hello(3))
+    assert sample(core, clock) == {3: []}
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"keepalive_s": 9.5}, "below the 10 s hang timeout"),
+    ({"keepalive_s": 4.0, "long_op_s": 6.0}, "below the 10 s hang timeout"),
+    ({"interval_s": 2.0, "keepalive_s": 1.0}, "must be >= interval_s"),
+    ({"interval_s": 0.0}, "interval_s must be > 0"),
+    ({"long_op_s": float("nan")}, "finite number"),
+])
+def test_invalid_cadence_says_why(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Cadence(**kw)
+
+
+def test_agent_command_rejects_a_keepalive_past_the_hang_timeout():
+    import typer
+    from typer.testing import CliRunner
+
+    from flare.commands import agent
+
+    app = typer.Typer()
+    agent.register(app)
+    app.command("noop")(lambda: None)
+    res = CliRunner().invoke(app, ["agent", "--dry-run", "--keepalive-s", "12"])
+    text = " ".join(res.output.replace("│", " ").split())  # unwrap the error box
+    assert res.exit_code == 2 and "must stay below the 10 s hang timeout" in text
 
 
 def test_bye_of_rank_zero_ends_the_job():

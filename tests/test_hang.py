@@ -55,3 +55,30 @@ def test_ops_that_finish_in_time_are_no_hang():
         d.observe(hb(0, t, [("tp.0", "all_reduce", t, t - 0.1)]))
         d.observe(hb(1, t, [("tp.0", "all_reduce", t, t - 0.2)]))
     assert d.check(int(20 * S)) is None
+
+
+def test_a_recv_that_crosses_the_timeout_first_does_not_steal_the_blame():
+    """A pp recv started just before a dp collective hung: it is stuck first, but its peer is
+    itself inside the hung collective. The full group is the answer once it crosses too."""
+    d = HangDetector(timeout_s=10)
+    d.learn_members("dp.0", {0, 1})
+    d.learn_members("pp.0", {1, 2})
+    for t in range(25):
+        d.observe(hb(0, t, [("dp.0", "all_reduce", 3, 1.5)]))
+        d.observe(hb(1, t, [("dp.0", "all_reduce", 3, 1.5)]))
+        d.observe(hb(2, t, [("pp.0", "recv", 8, 1.0)]))  # waits for rank 1, busy in dp.0
+    assert d.check(int(11.2 * S)) is None  # only the recv is past the timeout: wait
+    f = d.check(int(12.5 * S))
+    assert f is not None and f.culprit == "group:dp.0"
+
+
+def test_a_partial_group_is_blamed_when_no_full_one_ever_appears():
+    d = HangDetector(timeout_s=5)
+    d.learn_members("pp.0", {0, 1})
+    d.learn_members("pp.1", {1, 0})
+    for t in range(20):  # a p2p deadlock: each waits in a different group
+        d.observe(hb(0, t, [("pp.0", "send", 4, 1.0)]))
+        d.observe(hb(1, t, [("pp.1", "send", 6, 1.0)]))
+    assert d.check(int(8 * S)) is None
+    f = d.check(int(12 * S))
+    assert f is not None and f.culprit in ("group:pp.0", "group:pp.1")

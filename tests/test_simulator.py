@@ -348,7 +348,7 @@ def test_every_event_decodes_and_events_match_frames():
     assert [n.switch for n in start.nodes] == ["leaf-00", "leaf-00", "leaf-01", "leaf-01"]
     decode_job(orjson.dumps(evs[-1][2]))
     steps = defaultdict(dict)
-    n_hb = 0
+    n_hb, hb_ranks = 0, set()
     for topic, _, value, _ in evs[1:-1]:
         raw = orjson.dumps(value)
         if topic == "flare.steps.v1":
@@ -356,9 +356,9 @@ def test_every_event_decodes_and_events_match_frames():
             steps[m.step][m.rank] = m
         else:
             assert topic == "flare.heartbeats.v1"
-            decode_heartbeat(raw)
             n_hb += 1
-    assert n_hb > 16 * 6
+            hb_ranks.add(decode_heartbeat(raw).rank)
+    assert n_hb >= 16 and hb_ranks == set(range(16))
     fs = frames(sim)
     assert [f.step for f in fs] == sorted(steps)
     for f in fs:
@@ -390,7 +390,7 @@ def test_run_yields_in_stream_time_order():
 
 
 def test_heartbeats_report_the_op_in_flight():
-    sim = ClusterSimulator(scenario(steps=3))
+    sim = ClusterSimulator(scenario(steps=3, keepalive_s=1.0))  # every 1 Hz sample
     hbs = heartbeats(sim)
     assert len(hbs) > 16 * 4
     busy = [h for h in hbs if h.inflight]
@@ -406,6 +406,84 @@ def test_heartbeats_report_the_op_in_flight():
         op = h.inflight[0]
         lo, hi = by_key[(h.rank, op.group, op.seq)]
         assert op.start_ns == lo and lo <= h.ts_ns <= hi
+
+
+# ---------------------------------------------------------------------- heartbeat cadence
+def _hb_tuple(h: HeartbeatV1) -> tuple:
+    ops = tuple((o.group, o.name, o.seq, o.start_ns) for o in h.inflight)
+    return (h.rank, h.ts_ns, h.step, ops)
+
+
+def _long_key(h: HeartbeatV1, long_ns: float = 1e9) -> tuple | None:
+    """(group, seq) of the op in flight if it has been in flight >= long_ns, else None."""
+    long = [(o.group, o.seq) for o in h.inflight if h.ts_ns - o.start_ns >= long_ns]
+    return tuple(long) or None
+
+
+def test_heartbeat_cadence_first_sample_long_op_changes_and_keepalives():
+    # 20 s steps: pipeline recvs and dp collectives stay in flight for several seconds
+    sc = scenario(steps=3, step_time_s=20.0)
+    every = heartbeats(ClusterSimulator(replace(sc, keepalive_s=1.0)))  # all 1 Hz samples
+    pub = heartbeats(ClusterSimulator(sc))  # keepalive 5 s, long op 1 s (the defaults)
+    # a published heartbeat is a sample unchanged: same stamp, step, full in-flight list
+    assert {_hb_tuple(h) for h in pub} <= {_hb_tuple(h) for h in every}
+    published = {(h.rank, h.ts_ns) for h in pub}
+    by_rank = defaultdict(list)
+    for h in every:
+        by_rank[h.rank].append(h)
+    assert sorted(by_rank) == list(range(16))
+    changes = became_long = ended = 0
+    for r, hs in by_rank.items():
+        hs.sort(key=lambda h: h.ts_ns)
+        assert (r, hs[0].ts_ns) in published  # (a) the rank's first sample
+        keepalives = []
+        last_pub = hs[0].ts_ns
+        for prev, h in zip(hs, hs[1:], strict=False):
+            is_pub = (r, h.ts_ns) in published
+            if _long_key(h) != _long_key(prev):  # (b) within one sample, start and end
+                assert is_pub, (r, h)
+                changes += 1
+                became_long += _long_key(h) is not None
+                ended += _long_key(prev) is not None
+            elif is_pub:
+                keepalives.append(h.ts_ns)
+            if is_pub:  # (c) never silent for longer than the keepalive
+                assert h.ts_ns - last_pub <= 5e9 + 1
+                last_pub = h.ts_ns
+        # unchanged (short or still-long) samples are not re-published within the keepalive:
+        # the published ones without a change sit exactly on the rank's 5-sample keepalive grid
+        gaps = np.diff(keepalives) / 1e9
+        assert np.allclose(gaps, np.rint(gaps / 5) * 5, atol=1e-8) and (gaps >= 5 - 1e-8).all()
+    assert became_long > 10 and ended > 10
+    assert len(pub) < len(every) / 5 + 16 + changes
+
+
+def test_clean_heartbeat_rate_is_about_one_per_keepalive():
+    sc = scenario(steps=6, keepalive_s=5.0)
+    hbs = heartbeats(ClusterSimulator(sc))
+    span_s = (max(h.ts_ns for h in hbs) - min(h.ts_ns for h in hbs)) / 1e9
+    assert not any(_long_key(h) for h in hbs)  # 2 s steps: no op is ever long
+    per_rank = len(hbs) / 16
+    assert span_s / 5 <= per_rank <= span_s / 5 + 2  # keepalives + the first sample
+
+
+@pytest.mark.parametrize("fault", [None, Fault("hang_rank", 1.0, 2)])
+def test_job_end_is_stamped_after_every_emitted_node_clock_time(fault):
+    sc = scenario(steps=4, fault=fault, noise=Noise(clock_skew_ms=80.0))
+    evs = list(ClusterSimulator(sc).events())
+    stamps = [v["t_end_ns"] if t == "flare.steps.v1" else v["ts_ns"] for t, _, v, _ in evs[1:-1]]
+    # node clocks run ahead of true time here: an end stamped from true time came too early
+    assert max(stamps) > evs[-2][3] + 1_000_000
+    end = decode_job(orjson.dumps(evs[-1][2]))
+    assert end.event == "end" and end.ts_ns > max(stamps)
+    assert evs[-1][3] == end.ts_ns >= max(e[3] for e in evs[:-1])
+
+
+def test_cadence_fields_are_validated():
+    with pytest.raises(ValueError, match="keepalive_s must be a finite number"):
+        scenario(keepalive_s=-1.0)
+    with pytest.raises(ValueError, match="long_op_s must be a finite number"):
+        scenario(long_op_s=float("inf"))
 
 
 # --------------------------------------------------------------------------------- hangs

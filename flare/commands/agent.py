@@ -21,7 +21,17 @@ def register(app: typer.Typer) -> None:
         ),
         interval_s: float = typer.Option(
             1.0, "--interval", envvar="FLARE_AGENT_INTERVAL_S", show_envvar=True,
-            help="seconds between heartbeats",
+            help="seconds between heartbeat samples of each rank",
+        ),
+        keepalive_s: float = typer.Option(
+            5.0, "--keepalive-s", envvar="FLARE_AGENT_KEEPALIVE_S", show_envvar=True,
+            help="publish a rank's heartbeat at least this often; in between only when its "
+                 "set of long in-flight ops changes (keepalive + long-op must stay below the "
+                 "10 s hang timeout)",
+        ),
+        long_op_s: float = typer.Option(
+            1.0, "--long-op-s", envvar="FLARE_AGENT_LONG_OP_S", show_envvar=True,
+            help="an op in flight this long is 'long': its start and end are published at once",
         ),
         max_messages: int = typer.Option(
             100_000, envvar="FLARE_AGENT_MAX_MESSAGES", show_envvar=True,
@@ -36,10 +46,14 @@ def register(app: typer.Typer) -> None:
         import signal
         import sys
 
-        from flare.producers.agent_daemon import Publisher, run_agent
+        from flare.producers.agent_daemon import Cadence, Publisher, run_agent
         from flare.producers.torch_wire import default_socket_path
         from flare.settings import Settings
 
+        try:
+            Cadence(interval_s=interval_s, keepalive_s=keepalive_s, long_op_s=long_op_s)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
         settings = Settings()
         path = socket_path or default_socket_path()
         publisher: Publisher
@@ -58,7 +72,8 @@ def register(app: typer.Typer) -> None:
                 loop.add_signal_handler(sig, stop.set)
             typer.echo(f"flare agent listening on {path}", err=True)
             await run_agent(publisher, path, node or socket.gethostname(),
-                            interval_s=interval_s, stop=stop, max_messages=max_messages)
+                            interval_s=interval_s, keepalive_s=keepalive_s,
+                            long_op_s=long_op_s, stop=stop, max_messages=max_messages)
 
         asyncio.run(main())
         sys.stdout.flush()

@@ -162,15 +162,73 @@ class HeartbeatBatch:
         return int(self.t.shape[0])
 
 
+@dataclass
+class BeatCadence:
+    """Which heartbeat samples are published, and the per-rank state that carries across steps.
+
+    The node daemon's policy (`flare.producers.agent_daemon`): sampling stays on each rank's
+    grid phase_r + n·period, and a sample is PUBLISHED only if
+      (a) it is the rank's first sample of the job, or
+      (b) its long-op key differs from the one at the rank's previous sample; a simulated
+          rank has at most one op in flight, so the key is (group, seq) of that op when it
+          has been in flight >= `long_ns` at the sample time, else none, or
+      (c) keepalive: (n + rank) % `every` == 0, i.e. every `every`-th sample of the rank's
+          grid (every = floor(keepalive / period)), which is at-least-every-keepalive and
+          vectorizes; the rank offset spreads keepalives of different ranks over the cycle
+          instead of bunching them into one second.
+    A published heartbeat carries the full in-flight list (wire v1 unchanged).
+    """
+
+    every: int  # keepalive, in samples (1: every sample is published)
+    long_ns: float  # an op in flight this long at a sample is long
+    group: np.ndarray  # (W,) int64 long-op group at the rank's previous sample; -1 none
+    seq: np.ndarray  # (W,) int64 its seq (-1 none); -2 in both: no sample yet
+
+    @classmethod
+    def fresh(cls, world: int, period: float, keepalive: float, long_op: float) -> BeatCadence:
+        """State before the first step (times in the same unit as `period`)."""
+        every = max(1, int(keepalive / period + 1e-9))
+        none = np.full(world, -2, dtype=np.int64)
+        return cls(every=every, long_ns=float(long_op), group=none, seq=none.copy())
+
+    def select(
+        self, rank: np.ndarray, n: np.ndarray, cnt: np.ndarray, long_g: np.ndarray,
+        long_s: np.ndarray,
+    ) -> np.ndarray:
+        """Mask of the published samples among one stage's samples of one step; updates state.
+
+        Samples are grouped by rank (runs of `cnt[i]` samples, in time order, for the stage's
+        i-th rank), `n` is each sample's index on its rank's grid, `long_g`/`long_s` its long
+        key (-1: none).
+        """
+        has = cnt > 0
+        ends = np.cumsum(cnt)[has]
+        starts = ends - cnt[has]
+        owners = rank[starts]
+        prev_g = np.empty_like(long_g)
+        prev_s = np.empty_like(long_s)
+        prev_g[1:] = long_g[:-1]
+        prev_s[1:] = long_s[:-1]
+        prev_g[starts] = self.group[owners]
+        prev_s[starts] = self.seq[owners]
+        self.group[owners] = long_g[ends - 1]
+        self.seq[owners] = long_s[ends - 1]
+        changed = (long_g != prev_g) | (long_s != prev_s)
+        return changed | (np.mod(n + rank, self.every) == 0)
+
+
 def heartbeat_batch(
-    topo: Topology, rec: StepRecord, phase: np.ndarray, period: float, stop: float
+    topo: Topology, rec: StepRecord, phase: np.ndarray, period: float, stop: float,
+    cadence: BeatCadence | None = None,
 ) -> HeartbeatBatch | None:
     """Heartbeats at phase_r + n·period that fall in each rank's window of this step.
 
     The window ends at the rank's t_end or at `stop` (true time after which every rank has
     stopped reporting, e.g. 40 s after a hang). The op in flight is the coll/p2p whose
     [start, end) holds the heartbeat time; a blocked rank's op has end = inf, so it stays in
-    flight; a hung rank's unstarted ops have start = inf, so it reports none.
+    flight; a hung rank's unstarted ops have start = inf, so it reports none. With a
+    `cadence`, only the samples it selects are returned and its state moves on (steps must
+    then be passed in order); without one, every sample is (1 Hz).
     """
     P, S = topo.layout.pp, topo.stage_size
     out: dict[str, list[np.ndarray]] = {
@@ -194,21 +252,34 @@ def heartbeat_batch(
             continue
         j = np.repeat(np.arange(S), cnt)
         first = np.repeat(np.cumsum(cnt) - cnt, cnt)
-        x = ph[j] + (lo[j] + (np.arange(tot) - first)) * period
+        n = lo[j] + (np.arange(tot) - first)
+        x = ph[j] + n * period
         st = rec.start[s][:, j]
         inside = (st <= x) & (x < rec.end[s][:, j]) & (rec.kind[s] != COMPUTE)[:, None]
         busy = inside.any(axis=0)
         col = inside.argmax(axis=0)
-        out["t"].append(_rint(x))
-        out["rank"].append(j + s * S)
-        out["busy"].append(busy)
-        out["group"].append(topo.gid[s][rec.gtype[s][col], j])
-        out["name"].append(rec.name[s][col])
-        out["seq"].append(rec.seq[s][col])
-        out["op_start"].append(_rint(np.where(busy, st[col, np.arange(tot)], 0.0)))
+        rank = j + s * S
+        group = topo.gid[s][rec.gtype[s][col], j]
+        seq = rec.seq[s][col]
+        op_st = st[col, np.arange(tot)]
+        keep: slice | np.ndarray = slice(None)
+        if cadence is not None:
+            long = busy & (x - op_st >= cadence.long_ns)
+            long_g = np.where(long, group, -1).astype(np.int64)
+            long_s = np.where(long, seq, -1).astype(np.int64)
+            keep = cadence.select(rank, n.astype(np.int64), cnt, long_g, long_s)
+        out["t"].append(_rint(x[keep]))
+        out["rank"].append(rank[keep])
+        out["busy"].append(busy[keep])
+        out["group"].append(group[keep])
+        out["name"].append(rec.name[s][col][keep])
+        out["seq"].append(seq[keep])
+        out["op_start"].append(_rint(np.where(busy, op_st, 0.0)[keep]))
     if not out["t"]:
         return None
     cat = {k: np.concatenate(v) for k, v in out.items()}
+    if cat["t"].shape[0] == 0:
+        return None
     order = np.argsort(cat["t"], kind="stable")
     return HeartbeatBatch(step=rec.step, **{k: v[order] for k, v in cat.items()})
 

@@ -191,7 +191,13 @@ class Noise:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One simulated job: layout, length, seed, optional fault and the clean noise."""
+    """One simulated job: layout, length, seed, optional fault and the clean noise.
+
+    `heartbeats` turns the heartbeat stream on; `keepalive_s` and `long_op_s` are its
+    cadence, the node daemon's policy (`flare.producers.agent_daemon`): a rank's 1 Hz sample
+    is published on its first sample, when its long op (in flight >= `long_op_s`) changes, and
+    at least every `keepalive_s` (keepalive_s <= 1 s: every sample, the old 1 Hz stream).
+    """
 
     job: str
     layout: Layout
@@ -203,10 +209,16 @@ class Scenario:
     microbatches: int = 4
     chunks: int = 2
     heartbeats: bool = True
+    keepalive_s: float = 5.0
+    long_op_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.job, str) or not 1 <= len(self.job) <= 256:
             raise ValueError(f"Scenario.job must be a non-empty string, got {self.job!r}")
+        for name in ("keepalive_s", "long_op_s"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"Scenario.{name} must be a finite number >= 0, got {v!r}")
         for name in ("steps", "microbatches", "chunks"):
             _positive_int("Scenario", name, getattr(self, name))
         if not isinstance(self.seed, int) or self.seed < 0:

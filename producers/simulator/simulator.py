@@ -4,6 +4,11 @@ Each call to `run()` or `events()` replays the run from its seed, so both are de
 and describe the same ops. Output is in stream-time order (the true time a message would be
 produced): a merge buffer holds what was generated and releases everything older than the
 earliest rank clock, since no later step can produce anything before that.
+
+Heartbeats follow the node daemon's cadence (`emit.BeatCadence`): each rank is sampled at
+1 Hz, but a sample is published only on the rank's first sample, when its long op (in flight
+>= `Scenario.long_op_s`) appears, changes or ends, and on every K-th sample of its grid
+(K = keepalive_s / 1 s); the per-rank state of that rule is carried from step to step.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import numpy as np
 from flare.detectors.frame import StepFrame
 from flare.producers.simulator.costs import CostModel, transfer_times
 from flare.producers.simulator.emit import (
+    BeatCadence,
     Clocks,
     HeartbeatBatch,
     build_frame,
@@ -214,14 +220,18 @@ class ClusterSimulator:
 
     def _steps(self, heartbeats: bool) -> Iterator[_Step]:
         stop = np.inf
+        sc, topo = self.scenario, self.topology
+        cadence = BeatCadence.fresh(
+            topo.world, HEARTBEAT_PERIOD_NS, sc.keepalive_s * 1e9, sc.long_op_s * 1e9
+        )
         for rec in self._records():
             if rec.hang_ns is not None:
                 stop = rec.hang_ns + HANG_TAIL_NS
-            built = build_frame(self.topology, rec, self.scenario.job, self.clocks)
+            built = build_frame(topo, rec, sc.job, self.clocks)
             frame, ends = built if built is not None else (None, None)
             hb = None
             if heartbeats:
-                hb = heartbeat_batch(self.topology, rec, self._phase, HEARTBEAT_PERIOD_NS, stop)
+                hb = heartbeat_batch(topo, rec, self._phase, HEARTBEAT_PERIOD_NS, stop, cadence)
             live = rec.t_end[np.isfinite(rec.t_end)]
             wm = float(live.min()) if live.size else np.inf
             yield _Step(rec, frame, ends, hb, min(wm, stop))
@@ -280,20 +290,29 @@ class ClusterSimulator:
         return rank_steps(frame)
 
     def events(self) -> Iterator[tuple[str, str, dict, int]]:
-        """(topic, key, wire-v1 value, true ts_ns): job start, steps and heartbeats, job end."""
+        """(topic, key, wire-v1 value, true ts_ns): job start, steps and heartbeats, job end.
+
+        The `end` event is stamped 1 ms after the latest node-clock time of anything emitted
+        (a step's t_end_ns, a heartbeat's ts_ns) and after the latest true time: node clocks
+        are skewed, so an end stamped from true time alone could precede some messages.
+        """
         job, topo, clocks = self.scenario.job, self.topology, self.clocks
         start = self.job_start()
         yield JOBS_TOPIC, job, _job_value(start), EPOCH_NS
         merger = _Merger()
         last = 0
+        latest_ns = EPOCH_NS  # largest node-clock stamp emitted
 
         def emit(items) -> Iterator[tuple[str, str, dict, int]]:
-            nonlocal last
+            nonlocal last, latest_ns
             for key, obj, i in items:
                 last = key
                 if isinstance(obj, list):
-                    yield HEARTBEATS_TOPIC, job, obj[i], EPOCH_NS + key
+                    value = obj[i]
+                    latest_ns = max(latest_ns, value["ts_ns"])
+                    yield HEARTBEATS_TOPIC, job, value, EPOCH_NS + key
                 else:
+                    latest_ns = max(latest_ns, int(obj.t_end_ns[i]))
                     yield STEPS_TOPIC, job, rank_step(obj, i).to_wire(), EPOCH_NS + key
 
         for st in self._steps(self._want_heartbeats()):
@@ -303,7 +322,7 @@ class ClusterSimulator:
                 merger.add(st.heartbeats.t, heartbeat_values(st.heartbeats, job, topo, clocks))
             yield from emit(merger.release(st.watermark))
         yield from emit(merger.release(np.inf))
-        end_ts = EPOCH_NS + last + 1_000_000
+        end_ts = max(EPOCH_NS + last, latest_ns) + 1_000_000
         yield JOBS_TOPIC, job, {"v": 1, "job": job, "event": "end", "ts_ns": end_ts}, end_ts
 
 
