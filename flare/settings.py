@@ -45,6 +45,10 @@ class Settings(BaseSettings):
         20, ge=0, description="longest a worker's fetch waits on quiet partitions (faust's "
         "own is 1,500 ms, which idles a busy worker: see streams/faust_consumer.py)"
     )
+    decoder_cache_ranks: int = Field(
+        16_384, ge=0, description="ranks whose repeating op columns the worker's steps decoder "
+        "keeps (~14 KB each); keep it >= the ranks one worker serves, or decoding slows ~2.5x"
+    )
     worker_stall_s: float = Field(
         30.0, description="/readyz fails when input waits and nothing was processed this long"
     )

@@ -258,6 +258,7 @@ class Pipeline:
 
     def snapshot(self) -> dict[str, object]:
         """Counters for logs and the API: lag, dead letters, throughput."""
+        dec = self.router.steps_decoder
         return {
             "records": self.stats.records,
             "reports": self.stats.reports,
@@ -267,6 +268,8 @@ class Pipeline:
             "held_for_order": self.merger.buffered,
             "forced_order_releases": self.merger.forced,
             "forced_order_releases_waiting_on": dict(self.merger.forced_by_topic),
+            "steps_decoder": {"cached_ranks": len(dec), "hits": dec.hits, "misses": dec.misses,
+                              "fallbacks": dec.fallbacks},
             "storage_ok": self.storage_ok,
             "storage_failures": self.stats.storage_failures,
             "rebuilt_from_history": self.stats.rebuilt,
@@ -283,6 +286,7 @@ def build_pipeline(
     stall_after_s: float,
     job_idle_s: float,
     now_s: Callable[[], float],
+    decoder_cache_ranks: int = 16_384,
 ) -> Pipeline:
     """Wire a pipeline from its parts with one clock (seconds; the router gets ns)."""
     router = JobRouter(
@@ -290,5 +294,6 @@ def build_pipeline(
         max_message_bytes=max_message_bytes,
         now_ns=lambda: int(now_s() * 1e9),
         idle_evict_s=job_idle_s,
+        decoder_max_ranks=decoder_cache_ranks,
     )
     return Pipeline(router, sink, Progress(now_s, stall_after_s))

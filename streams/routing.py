@@ -25,8 +25,9 @@ from typing import Protocol
 
 from flare.detectors.report import DiagnoserOutput
 from flare.schemas import InvalidMessage
-from flare.schemas.decode import decode_heartbeat, decode_job, decode_steps
+from flare.schemas.decode import decode_heartbeat, decode_job
 from flare.schemas.rankstep import RankStep
+from flare.schemas.steps_decoder import StepsDecoder
 from flare.schemas.wire import DeadLetterV1, HeartbeatV1, JobV1
 from flare.streams.deadletter import (
     INTERNAL,
@@ -105,9 +106,13 @@ class JobRouter:
         max_message_bytes: int,
         now_ns: Callable[[], int],
         idle_evict_s: float = 600.0,
+        decoder_max_ranks: int = 16_384,
     ) -> None:
         self._make = make_diagnoser
         self._max_bytes = max_message_bytes
+        # Steps are decoded with a per-(job, rank) cache of what repeats step after step; it
+        # is the router's, so it follows the jobs' lifetime here (forget on evict/revoke).
+        self.steps_decoder = StepsDecoder(max_message_bytes, max_ranks=decoder_max_ranks)
         self._now_ns = now_ns
         self._idle_ns = int(idle_evict_s * _NS)
         self._jobs: dict[int, dict[str, _JobState]] = {}
@@ -127,7 +132,7 @@ class JobRouter:
     # ---- messages -------------------------------------------------------------------------
     def _decode(self, topic: str, value: bytes) -> RankStep | HeartbeatV1 | JobV1:
         if topic == STEPS:
-            return decode_steps(value, self._max_bytes)
+            return self.steps_decoder.decode(value)
         if topic == HEARTBEATS:
             return decode_heartbeat(value, self._max_bytes)
         if topic == JOBS:
@@ -228,9 +233,11 @@ class JobRouter:
                     if idle > self._idle_ns:
                         out.extend(state.diagnoser.flush())
                         del jobs[job]
+                        self.steps_decoder.forget(job)
                 except Exception:
                     log.exception("diagnoser of job %s failed on tick; dropping its state", job)
                     del jobs[job]
+                    self.steps_decoder.forget(job)
         return out
 
     # ---- ownership ------------------------------------------------------------------------
@@ -244,6 +251,7 @@ class JobRouter:
         dropped: list[str] = []
         for p in partitions:
             dropped.extend(self._jobs.pop(p, {}))
+        self.steps_decoder.forget(*dropped)
         return dropped
 
     def flush_all(self) -> DiagnoserOutput:

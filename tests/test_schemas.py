@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from flare.schemas import InvalidMessage
 from flare.schemas.decode import decode_heartbeat, decode_job, decode_steps
 from flare.schemas.jsonschema_gen import schema_documents
+from flare.schemas.steps_decoder import StepsDecoder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -165,3 +166,26 @@ def test_json_schema_accepts_the_design_example():
     jsonschema = pytest.importorskip("jsonschema")
     schema = msgspec.json.decode(schema_documents()["flare.steps.v1.json"])
     jsonschema.validate(GOOD, schema)
+
+
+def _answer(decode, raw: bytes) -> tuple:
+    try:
+        m = decode(raw)
+    except InvalidMessage as exc:
+        return ("invalid", exc.field, exc.reason)
+    return ("ok", m.to_wire(), m.seq.dtype, m.kind.dtype)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(GOOD)), st.sampled_from(sorted(GOOD["ops"])), st.integers(0, 2),
+       json_values, st.booleans())
+def test_the_worker_decoder_answers_like_decode_steps(field, op_field, i, value, in_ops):
+    dec = StepsDecoder()
+    assert _answer(dec.decode, orjson.dumps(GOOD)) == _answer(decode_steps, orjson.dumps(GOOD))
+    msg = copy.deepcopy(GOOD)
+    if in_ops:
+        msg["ops"][op_field][i] = value
+    else:
+        msg[field] = value
+    raw = json.dumps(msg).encode()
+    assert _answer(dec.decode, raw) == _answer(decode_steps, raw)

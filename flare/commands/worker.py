@@ -71,6 +71,7 @@ def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> No
         stall_after_s=settings.worker_stall_s,
         job_idle_s=settings.job_idle_s,
         now_s=time.monotonic,
+        decoder_cache_ranks=settings.decoder_cache_ranks,
     )
     api = None
     if serve_api:
