@@ -436,7 +436,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--first-step", type=int, default=60,
                     help="number of the first published step (every 100th step stores its ops)")
     ap.add_argument("--heartbeats", action=argparse.BooleanOptionalAction, default=True,
-                    help="~1 Hz heartbeats per rank, as the agents send them")
+                    help="heartbeats with the agents' cadence (1 Hz samples, ~14 per rank-minute)")
     ap.add_argument("--sample-s", type=float, default=0.0, help="default: 1 s, paced 10 s")
     ap.add_argument("--profile-s", type=float, default=0.0, help="py-spy the worker this long")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="hard stop")
@@ -590,7 +590,7 @@ def report(args: argparse.Namespace, wl: Workload, steps: int, out: Outcome, gen
           f"Python {platform.python_version()}; load average before "
           f"{load0[0]:.2f}/{load0[1]:.2f}/{load0[2]:.2f}, after "
           f"{load1[0]:.2f}/{load1[1]:.2f}/{load1[2]:.2f}")
-    hb = "on (~1 Hz per rank)" if wl.heartbeats else "off"
+    hb = "on (agent cadence: 1 Hz samples, keepalive 5 s)" if wl.heartbeats else "off"
     pre = f"; pre-load of {out.published:,} messages {out.publish_s:.1f} s" if not paced else ""
     print(f"- job: {wl.world:,} ranks, {ops_per_rank:.0f} ops per rank-step, simulated step "
           f"{sim_step_s:.2f} s, {steps} steps (cycling {wl.distinct} simulated steps), "

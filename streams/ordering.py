@@ -1,12 +1,16 @@
-"""Event-time merge of a job's three input topics before they reach its diagnoser.
+"""Event-time merge of a job's steps and job events before they reach its diagnoser.
 
-Kafka orders messages within a topic-partition only. A job's steps, heartbeats and job
-events sit on three topics, and a consumer that is behind (a replay, a restart, a lagging
-worker) receives them interleaved however the fetcher round-robins: a job's `end` event or
-its heartbeats from a minute later can arrive before the steps they follow. Heartbeats
-advance the diagnoser's clock, so such an order expires grace periods early (steps
-assembled with "missing" ranks) and an early `end` flushes the job mid-stream: the worker
-would diagnose a different stream than `flare diagnose` reads from the recording.
+Kafka orders messages within a topic-partition only. A job's steps and job events sit on two
+topics, and a consumer that is behind (a replay, a restart, a lagging worker) receives them
+interleaved however the fetcher round-robins: a job's `end` event can arrive before the
+steps it follows, and an early `end` flushes the job mid-stream (steps assembled with
+"missing" ranks): the worker would diagnose a different stream than `flare diagnose` reads
+from the recording.
+
+Heartbeats are not merged (the pipeline dispatches them as they come): they feed only the
+hang detector, never step assembly, so their order against steps changes no step; and they
+are most of the messages, so holding them behind a lagging steps topic filled this buffer
+(200,000 held at 8,192 GPUs) and cost a push and a release each.
 
 So, like Kafka Streams' record buffers, each job keeps one queue per topic and releases the
 head with the smallest event time, but only while every queue that is empty is empty for

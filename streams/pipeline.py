@@ -25,7 +25,7 @@ from flare.schemas.wire import DeadLetterV1, IncidentV1
 from flare.streams.ordering import EventTimeMerger
 from flare.streams.progress import Progress, Readiness
 from flare.streams.routing import Decoded, Diagnoser, JobRouter, Routed
-from flare.streams.topics import DEADLETTER, INCIDENTS, INPUT_TOPICS
+from flare.streams.topics import DEADLETTER, INCIDENTS, ORDERED_TOPICS
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,8 @@ class Pipeline:
         self.sink = sink
         self.progress = progress
         self.merger = merger if merger is not None else EventTimeMerger(
-            INPUT_TOPICS, progress.now)
+            ORDERED_TOPICS, progress.now)
+        self._ordered = frozenset(self.merger.topics)
         self.stats = PipelineStats()
         self.storage_ok = True
         # Per topic-partition: every offset up to this one was fully handled (dispatched or
@@ -127,11 +128,13 @@ class Pipeline:
                 continue
             self.stats.records += 1
             d = self.router.decode(r.topic, r.partition, r.offset, r.key, r.value)
-            if isinstance(d, Decoded):
+            if not isinstance(d, Decoded):
+                self._collect(d, r, result)
+            elif r.topic in self._ordered:
                 self.merger.push(r.partition, d.job, r.topic, d.time_ns, (d, r))
                 batch.add(id(r))
             else:
-                self._collect(d, r, result)
+                self._dispatch(d, r, result)  # a heartbeat: no order to keep
         for d, r in self._release():
             if id(r) in batch:
                 batch.discard(id(r))
@@ -172,14 +175,21 @@ class Pipeline:
         """Rebuild the state of the jobs in `history` (messages a previous owner of their
         partitions already processed), discarding what the diagnosers emit: it was stored
         and published then. Returns how many messages were replayed."""
-        merger: EventTimeMerger[Decoded] = EventTimeMerger(INPUT_TOPICS, self.progress.now)
+        merger: EventTimeMerger[Decoded] = EventTimeMerger(self.merger.topics, self.progress.now)
+        replayed: list[Decoded] = []
         for r in history:
             d = self.router.decode(r.topic, r.partition, r.offset, r.key, r.value, count=False)
-            if isinstance(d, Decoded):
+            if not isinstance(d, Decoded):
+                continue
+            if r.topic in self._ordered:
                 merger.push(r.partition, d.job, r.topic, d.time_ns, d)
-        replayed = merger.release(lambda _t, _p: False)
-        for d in replayed:
+            else:
+                replayed.append(d)
+                self.router.dispatch(d, count=False)
+        ordered = merger.release(lambda _t, _p: False)
+        for d in ordered:
             self.router.dispatch(d, count=False)
+        replayed += ordered
         self.stats.rebuilt += len(replayed)
         return len(replayed)
 

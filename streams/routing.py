@@ -184,7 +184,8 @@ class JobRouter:
                 out = state.diagnoser.on_heartbeat(msg)
             else:
                 out = state.diagnoser.on_job(msg)
-            state.ended = isinstance(msg, JobV1) and msg.event == "end"
+            if not isinstance(msg, HeartbeatV1):  # a late heartbeat does not reopen a job
+                state.ended = isinstance(msg, JobV1) and msg.event == "end"
         except Exception as exc:  # a detector bug must not kill the worker nor lose the input
             log.exception("diagnoser of job %s failed on %s[%d]@%d", job, d.topic, d.partition,
                           d.offset)

@@ -20,6 +20,7 @@ INCIDENTS = "flare.incidents.v1"
 DEADLETTER = "flare.deadletter.v1"
 
 INPUT_TOPICS: tuple[str, ...] = (STEPS, HEARTBEATS, JOBS)
+ORDERED_TOPICS: tuple[str, ...] = (STEPS, JOBS)  # merged in event time (`ordering.py`)
 OUTPUT_TOPICS: tuple[str, ...] = (INCIDENTS, DEADLETTER)
 ALL_TOPICS: tuple[str, ...] = INPUT_TOPICS + OUTPUT_TOPICS
 

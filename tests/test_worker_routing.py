@@ -163,6 +163,7 @@ def test_an_ended_job_stops_ticking_and_idle_jobs_are_flushed_and_dropped(
                   now_ns=clock, idle_evict_s=60.0)
     r.handle(STEPS, 0, 0, b"j1", step_msg())
     r.handle(JOBS, 0, 0, b"j1", job_msg(event="end", ts=T0 + 2 * S))
+    r.handle(HEARTBEATS, 0, 1, b"j1", hb_msg(ts=T0 + S))  # late: it does not reopen the job
     clock.ns += 10 * S
     r.tick([0])
     made["j1"].tick.assert_not_called()
