@@ -46,6 +46,7 @@ class StepTimeBaseline:
         self._flags: deque[bool] = deque(maxlen=5)
         self._run = 0
         self._ph = self._new_ph()
+        self._median: float | None = None  # of `_normal`; read on every heartbeat (hang timeout)
 
     @staticmethod
     def _new_ph() -> drift.PageHinkley:
@@ -60,7 +61,9 @@ class StepTimeBaseline:
 
     @property
     def baseline_s(self) -> float:
-        return float(np.median(self._normal)) if self._normal else float("nan")
+        if self._median is None:
+            self._median = float(np.median(self._normal)) if self._normal else float("nan")
+        return self._median
 
     def update(self, step_time_s: float) -> Irregularity:
         """Classify one step and learn from it."""
@@ -79,9 +82,11 @@ class StepTimeBaseline:
                 self._ph = self._new_ph()
                 self._normal.clear()
                 self._normal.extend(list(self._recent)[-PERSISTENT_RUN:])
+                self._median = None
                 self._run = 0
         if len(self._normal) < WARMUP:
             self._normal.append(t)
+            self._median = None
             return Irregularity(self.baseline_s, 1.0, "warmup", shift, ratio)
         base = self.baseline_s
         d = t / base
@@ -98,4 +103,5 @@ class StepTimeBaseline:
             self._run = 0
             cls = "normal"
             self._normal.append(t)
+            self._median = None
         return Irregularity(base, d, cls, shift, ratio)

@@ -9,11 +9,11 @@ rank stuck in Python or C code keeps its last table, so peers blocked in a colle
 rank stuck outside it are both visible. Rank 0's hello and goodbye become the job's `start`
 and `end` events.
 
-Heartbeat cadence (the simulator follows the same policy). A worker pays ~130 µs per Kafka
-message, so one heartbeat per rank per second would cost more than a core at 8k GPUs; step
-messages already prove a rank alive while it progresses, and heartbeats matter only when an
-op sits in flight for long (hang detection). So sampling stays every `interval_s`, but a
-rank's sample is PUBLISHED only if
+Heartbeat cadence (the simulator follows the same policy). Every Kafka message costs the
+worker tens of µs of consumer-framework overhead, and one heartbeat per rank per second made
+~90% of an 8,192-GPU job's messages; step messages already prove a rank alive while it
+progresses, and heartbeats matter only when an op sits in flight for long (hang detection).
+So sampling stays every `interval_s`, but a rank's sample is PUBLISHED only if
   (a) it is the rank's first sample since it connected, or
   (b) its set of *long* in-flight ops -- in flight for >= `long_op_s` at the sample time,
       identified by (group, seq) -- differs from that set at its previous sample (an op that
@@ -21,7 +21,9 @@ rank's sample is PUBLISHED only if
   (c) `keepalive_s` has passed since its last published heartbeat (keepalive; due half an
       interval early so timer jitter does not push it one whole sample late).
 A published heartbeat carries the rank's FULL in-flight list (wire v1 unchanged). Healthy
-training costs ~1/keepalive_s heartbeats per rank plus a few per long op. `keepalive_s +
+training costs ~1/keepalive_s heartbeats per rank plus a few per long op. `long_op_s` is 3 s:
+pipeline bubbles keep ops in flight for 1-3 s every step, and at 1 s they added 70% to the
+keepalives (3.7 instead of 2.2 heartbeats per rank-step of 10.5 s, TP8·PP8). `keepalive_s +
 long_op_s` must stay below the smallest hang timeout (10 s): a waiting rank then never looks
 silent, and a short op seen in a stale heartbeat never looks stuck.
 
@@ -125,7 +127,7 @@ class Cadence:
 
     interval_s: float = 1.0
     keepalive_s: float = 5.0
-    long_op_s: float = 1.0
+    long_op_s: float = 3.0
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "keepalive_s", "long_op_s"):
@@ -399,7 +401,7 @@ class AgentDaemon:
 
 
 async def run_agent(publisher: Publisher, socket_path: Path | str, node: str, *,
-                    interval_s: float = 1.0, keepalive_s: float = 5.0, long_op_s: float = 1.0,
+                    interval_s: float = 1.0, keepalive_s: float = 5.0, long_op_s: float = 3.0,
                     stop: asyncio.Event | None = None,
                     max_messages: int = 100_000) -> AgentDaemon:
     """Build and run a daemon until `stop` (a new event when None: runs until cancelled).

@@ -114,7 +114,7 @@ def sample(core: AgentCore, clock: FakeClock) -> dict[int, list[tuple[str, int]]
 
 def test_cadence_first_sample_then_only_long_op_changes_and_keepalives():
     clock = FakeClock()
-    core = AgentCore("n1", clock)  # interval 1 s, keepalive 5 s, long op 1 s
+    core = AgentCore("n1", clock, cadence=Cadence(interval_s=1.0, keepalive_s=5.0, long_op_s=1.0))
     core.on_frame(1, HELLO, hello(0))
     core.on_frame(2, HELLO, hello(1))
     assert sample(core, clock) == {0: [], 1: []}  # (a) the first sample of every rank
@@ -144,7 +144,7 @@ def test_cadence_first_sample_then_only_long_op_changes_and_keepalives():
 
 def test_cadence_keepalive_never_leaves_a_waiting_rank_silent_past_the_hang_timeout():
     clock = FakeClock()
-    core = AgentCore("n1", clock, cadence=Cadence(interval_s=0.5, keepalive_s=3.0))
+    core = AgentCore("n1", clock, cadence=Cadence(interval_s=0.5, keepalive_s=3.0, long_op_s=1.0))
     core.on_frame(1, HELLO, hello(0))
     t0 = clock.t
     core.on_frame(1, INFLIGHT, table(4, ("dp.0", 1, t0)))

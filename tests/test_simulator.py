@@ -424,7 +424,8 @@ def test_heartbeat_cadence_first_sample_long_op_changes_and_keepalives():
     # 20 s steps: pipeline recvs and dp collectives stay in flight for several seconds
     sc = scenario(steps=3, step_time_s=20.0)
     every = heartbeats(ClusterSimulator(replace(sc, keepalive_s=1.0)))  # all 1 Hz samples
-    pub = heartbeats(ClusterSimulator(sc))  # keepalive 5 s, long op 1 s (the defaults)
+    pub = heartbeats(ClusterSimulator(sc))  # keepalive 5 s, long op 3 s (the defaults)
+    long_ns = sc.long_op_s * 1e9
     # a published heartbeat is a sample unchanged: same stamp, step, full in-flight list
     assert {_hb_tuple(h) for h in pub} <= {_hb_tuple(h) for h in every}
     published = {(h.rank, h.ts_ns) for h in pub}
@@ -440,11 +441,12 @@ def test_heartbeat_cadence_first_sample_long_op_changes_and_keepalives():
         last_pub = hs[0].ts_ns
         for prev, h in zip(hs, hs[1:], strict=False):
             is_pub = (r, h.ts_ns) in published
-            if _long_key(h) != _long_key(prev):  # (b) within one sample, start and end
+            key, prev_key = _long_key(h, long_ns), _long_key(prev, long_ns)
+            if key != prev_key:  # (b) within one sample, start and end
                 assert is_pub, (r, h)
                 changes += 1
-                became_long += _long_key(h) is not None
-                ended += _long_key(prev) is not None
+                became_long += key is not None
+                ended += prev_key is not None
             elif is_pub:
                 keepalives.append(h.ts_ns)
             if is_pub:  # (c) never silent for longer than the keepalive

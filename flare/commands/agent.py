@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
                  "10 s hang timeout)",
         ),
         long_op_s: float = typer.Option(
-            1.0, "--long-op-s", envvar="FLARE_AGENT_LONG_OP_S", show_envvar=True,
+            3.0, "--long-op-s", envvar="FLARE_AGENT_LONG_OP_S", show_envvar=True,
             help="an op in flight this long is 'long': its start and end are published at once",
         ),
         max_messages: int = typer.Option(

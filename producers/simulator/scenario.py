@@ -210,7 +210,7 @@ class Scenario:
     chunks: int = 2
     heartbeats: bool = True
     keepalive_s: float = 5.0
-    long_op_s: float = 1.0
+    long_op_s: float = 3.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.job, str) or not 1 <= len(self.job) <= 256:
