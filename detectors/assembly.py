@@ -8,6 +8,7 @@ steps and a rank whose op names repeat step after step is interned once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,7 +41,7 @@ class Interner:
             self.table.append(s)
         return i
 
-    def codes(self, items: list[str]) -> np.ndarray:
+    def codes(self, items: Sequence[str]) -> np.ndarray:
         idx = self.index
         out = [idx.get(s, -1) for s in items]
         if -1 in out:
@@ -63,7 +64,7 @@ class StepAssembler:
         self.names = Interner()
         self.groups = Interner("")
         self.nodes = Interner()
-        self._cache: dict[int, tuple[list[str], np.ndarray, list[str], np.ndarray]] = {}
+        self._cache: dict[int, tuple[Sequence[str], np.ndarray, Sequence[str], np.ndarray]] = {}
 
     def add(self, msg: RankStep, now_ns: int) -> list[StepFrame]:
         """Take one message; return the frames this completed (usually zero or one)."""
@@ -104,7 +105,9 @@ class StepAssembler:
 
     def _codes(self, m: RankStep) -> tuple[np.ndarray, np.ndarray]:
         c = self._cache.get(m.rank)
-        if c is not None and c[0] == m.name and c[2] == m.group:
+        if c is not None and (c[0] is m.name or c[0] == m.name) and (
+            c[2] is m.group or c[2] == m.group
+        ):
             return c[1], c[3]
         nc = self.names.codes(m.name)
         gc = self.groups.codes(m.group)

@@ -7,7 +7,7 @@ assembler rather than per message.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,8 +32,8 @@ class RankStep:
     t_start_ns: int
     t_end_ns: int
     kind: np.ndarray  # uint8 codes, see OP_KINDS
-    name: list[str]
-    group: list[str]
+    name: Sequence[str]  # a tuple shared by a rank's messages (worker), or a list; never mutated
+    group: Sequence[str]
     seq: np.ndarray  # int64
     start_ns: np.ndarray  # int64 offsets from t_start_ns
     dur_ns: np.ndarray  # int64

@@ -210,8 +210,10 @@ class StepsDecoder:
     """Decodes `flare.steps.v1` like `decode_steps`, caching per (job, rank) what repeats.
 
     Owned by one consumer (the worker's router, an offline run); not shared across threads.
-    The returned `kind` array is shared between messages and read-only; every other column
-    and list is the message's own.
+    The returned `kind` array (read-only) and the `name` and `group` tuples are shared between
+    the messages of a rank: a list per message was two 830-element copies, and thousands of
+    pending lists made every full garbage collection walk millions of pointers (tuples of
+    strings are untracked by the collector). The int columns are the message's own.
     """
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_ranks: int = 16_384) -> None:
@@ -311,8 +313,8 @@ class StepsDecoder:
             t_start_ns=m.t_start_ns,
             t_end_ns=m.t_end_ns,
             kind=e.kind.codes,
-            name=list(e.name.values),
-            group=list(e.group.values),
+            name=e.name.values,  # shared immutable tuples: no copy, and the GC untracks them
+            group=e.group.values,
             seq=seq,
             start_ns=start,
             dur_ns=dur,

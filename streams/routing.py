@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from flare.detectors.report import DiagnoserOutput
 from flare.schemas import InvalidMessage
@@ -75,9 +75,11 @@ class _JobState:
     ended: bool = False  # its last job event was `end`: no time passes for it any more
 
 
-@dataclass(frozen=True, slots=True)
-class Decoded:
-    """A valid input message with its Kafka coordinates (and raw bytes, for dead letters)."""
+class Decoded(NamedTuple):
+    """A valid input message with its Kafka coordinates (and raw bytes, for dead letters).
+
+    A named tuple, as one is built per consumed message.
+    """
 
     topic: str
     partition: int

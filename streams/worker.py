@@ -222,9 +222,26 @@ def build_app(
     return app
 
 
+def tune_gc() -> None:
+    """Fewer, cheaper garbage collections for a process that allocates per message.
+
+    The worker builds a few container objects per consumed message (thousands per second),
+    so with CPython's default gen-0 threshold (700) it ran ~30 collections a second and a
+    full one every few seconds; those took ~7% of its CPU at 8,192 GPUs. Freezing what
+    start-up created (modules, faust, chDB: never garbage) keeps full collections off it,
+    and a gen-0 threshold of 10,000 batches the young ones. Cycles are still collected.
+    """
+    import gc
+
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
+
+
 def run_faust(app: Any, *, loglevel: str = "warn", quiet: bool = True) -> None:
     """Run the app until SIGINT/SIGTERM (mode's worker owns the signals and the loop)."""
     from faust.worker import Worker
+
+    tune_gc()
 
     worker = Worker(app, loglevel=loglevel, quiet=quiet, redirect_stdouts=False)
     worker.execute_from_commandline()
