@@ -680,8 +680,9 @@ def lag_table(samples: list[Sample], wl: Workload, ts: dict[str, np.ndarray],
               sim_step_s: float) -> None:
     """Lag per sample, ours (acknowledged - taken) and the worker's own, and its trend."""
     print("\n| wall s | step msgs published | taken | lag, msgs | worker's own lag, msgs "
-          "| lag, simulated s | steps published - stored | worker cores |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| lag, simulated s | steps published - stored | worker cores | tansu cores | "
+          "tansu RSS, MB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lags, times, published = [], [], []
     prev: Sample | None = None
     for s in samples:
@@ -689,14 +690,16 @@ def lag_table(samples: list[Sample], wl: Workload, ts: dict[str, np.ndarray],
         lag_msgs = max(0, sum(s.delivered.get(t, 0) for t in INPUTS) - sum(s.taken.values()))
         lag_s = backlog_age_s(s, ts)
         behind = max(0, pub_n // wl.world - s.reports)
-        cores = ((s.cpu["worker"] - prev.cpu["worker"]) / max(s.t - prev.t, 1e-9)
-                 if prev is not None else 0.0)
+        dt = max(s.t - prev.t, 1e-9) if prev is not None else 0.0
+        cores, broker = ((s.cpu["worker"] - prev.cpu["worker"]) / dt,
+                         (s.cpu["tansu"] - prev.cpu["tansu"]) / dt) if prev else (0.0, 0.0)
         prev = s
         lags.append(lag_s)
         times.append(s.t)
         published.append(sum(s.delivered.values()))
         print(f"| {s.t:.0f} | {pub_n:,} | {took:,} | {lag_msgs:,} | {s.worker_lag:,} | "
-              f"{lag_s:.1f} | {behind} | {cores:.2f} |")
+              f"{lag_s:.1f} | {behind} | {cores:.2f} | {broker:.2f} | "
+              f"{s.rss.get('tansu', 0):,.0f} |")
     t, lag = np.array(times), np.array(lags)
     # only while events were still being published: the drain after the end is no test
     done = t[int(np.argmax(np.array(published) >= published[-1]))]
