@@ -228,7 +228,15 @@ def test_stopped_rank_leaves_peers_blocked_in_flight(sock):
         try:
             deadline = time.monotonic() + 60
             blocked: dict[int, object] = {}
-            while time.monotonic() < deadline and len(blocked) < WORLD - 1:
+            last: dict = {}
+
+            def stopped_seen() -> bool:
+                # alive with nothing in flight, the stopped rank is published at its
+                # keepalive (5 s): wait for the heartbeat that shows the step it stopped in
+                return 1 in last and last[1].step == 3
+
+            while time.monotonic() < deadline and (len(blocked) < WORLD - 1
+                                                   or not stopped_seen()):
                 time.sleep(0.2)
                 last = {}
                 for t, _k, v in d.publisher.messages:
