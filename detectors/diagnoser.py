@@ -60,6 +60,7 @@ class JobDiagnoser:
         """One rank-step message; returns the reports of any steps it completed."""
         self.now_ns = max(self.now_ns, msg.t_end_ns)
         self.steps_ns = max(self.steps_ns, msg.t_end_ns)
+        self.hang.steps_done(np.array([msg.rank]), msg.step)
         out = DiagnoserOutput()
         hang = self._hang_incident()
         if hang is not None and hang.culprit == f"rank:{msg.rank}" and msg.step >= hang.onset_step:
@@ -139,6 +140,7 @@ class JobDiagnoser:
         self.now_ns = max(self.now_ns, ts)
         self.steps_seen += 1
         self.world = max(self.world, frame.n_ranks + int(frame.missing.size))
+        self.hang.steps_done(frame.rank, frame.step)
         feats = step_features(frame)
         if self.steps_seen <= 3 or self.steps_seen % _MEMBERSHIP_EVERY == 0:
             self._learn_membership(frame, feats)
@@ -148,7 +150,7 @@ class JobDiagnoser:
         ratio = compute_ratio(frame, feats, stages)
         ref = transfer_reference(feats.inst)
         cands = step_suspects(frame, feats, ratio, self.topology, ref, self.noise, stages)
-        keep = set(self.book.open)
+        keep = {(culprit, kind) for kind, culprit in self.book.open}  # tracker keys
         confirmed = self.tracker.update(
             frame.step, cands.entity, cands.kind, cands.z, cands.excess_s, cands.detail, keep
         )
@@ -165,7 +167,7 @@ class JobDiagnoser:
             out.incidents.append(inc.to_v1(self.job))
         for key, inc in list(self.book.open.items()):
             tr = self.tracker.tracks.get((key[1], key[0]))
-            if key not in touched and tr is not None and tr.quiet == 0:
+            if key not in touched and tr is not None and tr.absent == 0:
                 touched.add(key)
                 inc.add_evidence(
                     frame.step, self._slowdown(key, step_time, tr.excess_s), step_time, self.world

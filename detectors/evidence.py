@@ -4,6 +4,12 @@ Noise moves (MoE imbalance, data-dependent jitter, a GC pause on one rank); faul
 suspect is confirmed when it was significant in `need` of the last `window` steps including
 the latest, which bounds detection latency to a few steps while a clean entity would need
 several independent > z_on events in a row (each p ≲ 3e-5 for Gaussian noise at z_on = 4).
+
+Confirming and clearing use different bars (hysteresis): a track is confirmed on z ≥ z_on,
+but it stays live for an open incident as long as the entity is reported at all (every
+reported suspect is already above the noise, `suspects.Z_REPORT`). Under heavy noise a
+persistent fault's z wanders around z_on; one bar for both would resolve the incident and
+open it again a few steps later, two pages for one fault.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ class Track:
     steps: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW))
     excess_s: float = 0.0
     detail: str = ""
-    quiet: int = 0  # steps since the last significant one
+    quiet: int = 0  # steps since the last significant one (z ≥ z_on)
+    absent: int = 0  # steps since the entity was last reported at all
 
     def hits(self, z_on: float) -> int:
         return sum(1 for v in self.z if v >= z_on)
@@ -71,10 +78,11 @@ class EvidenceTracker:
                 )
             tr.z.append(zz)
             tr.steps.append(step)
+            tr.absent = 0
+            tr.excess_s = ex
+            tr.detail = de
             if zz >= self.z_on:
                 tr.quiet = 0
-                tr.excess_s = ex
-                tr.detail = de
             else:
                 tr.quiet += 1
         for key, tr in list(self.tracks.items()):
@@ -83,6 +91,7 @@ class EvidenceTracker:
             tr.z.append(0.0)
             tr.steps.append(step)
             tr.quiet += 1
+            tr.absent += 1
             if tr.quiet >= self.window and key not in keep:
                 del self.tracks[key]
         return [

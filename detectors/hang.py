@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from flare.schemas.wire import HeartbeatV1
 
 _NS = 1_000_000_000
@@ -27,13 +29,31 @@ class HangFinding:
 
 
 class HangDetector:
-    """Latest heartbeat per rank + group membership learned from steps."""
+    """Latest heartbeat per rank + group membership and finished steps learned from steps."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.last: dict[int, HeartbeatV1] = {}
         self.members: dict[str, set[int]] = {}
+        self.done = np.full(0, -1, dtype=np.int64)  # per rank: newest step it finished
         self._last_check_ns = 0
+
+    def steps_done(self, ranks: np.ndarray, step: int) -> None:
+        """`ranks` finished `step`. A rank that stops idle is re-published only at its
+        keepalive, so its newest heartbeat can name an earlier step than the one it is in;
+        its finished steps say where it stopped as soon as they are read."""
+        if ranks.size == 0:
+            return
+        top = int(ranks.max()) + 1
+        if top > self.done.size:
+            self.done = np.concatenate([self.done, np.full(top - self.done.size, -1, np.int64)])
+        np.maximum.at(self.done, ranks, step)
+
+    def _current_step(self, rank: int, fallback: int) -> int:
+        hb = self.last.get(rank)
+        after = int(self.done[rank]) + 1 if rank < self.done.size and self.done[rank] >= 0 else -1
+        now = max(hb.step if hb else -1, after)
+        return now if now >= 0 else fallback
 
     def observe(self, hb: HeartbeatV1) -> None:
         prev = self.last.get(hb.rank)
@@ -82,7 +102,7 @@ class HangDetector:
             total = sum(roots.values())
             hb = self.last.get(culprit_rank)
             where = f" ({hb.node})" if hb else ""
-            c_step = hb.step if hb else step
+            c_step = self._current_step(culprit_rank, step)
             state = (
                 "silent" if hb is None or now_ns - hb.ts_ns > limit else "alive, no op in flight"
             )

@@ -48,6 +48,7 @@ class ScenarioResult:
     latency_steps: float | None = None
     latency_s: float | None = None
     false_device: int = 0  # device incidents not matching the truth (or any, in clean runs)
+    repeats: int = 0  # incidents on the true culprit after the first: one fault, several pages
     first: dict | None = None  # the scored incident
     incidents: list[dict] = field(default_factory=list)
 
@@ -165,6 +166,8 @@ def score(sc: Scenario, truth, events: list[IncidentV1]) -> ScenarioResult:  # n
     if not after:
         return res
     first = after[0]
+    on_culprit = sum(1 for i in after if i.culprit == truth.culprit)
+    res.repeats = on_culprit - (first.culprit == truth.culprit)
     res.first = _brief(first)
     res.detected = True
     res.top1 = first.culprit == truth.culprit
@@ -230,6 +233,7 @@ def _metrics(rs: list[ScenarioResult]) -> dict:
         "latency_steps_median": statistics.median(lat) if lat else None,
         "latency_s_median": statistics.median(lat_s) if lat_s else None,
         "detected": sum(r.detected for r in faults) / n if n else None,
+        "repeats_per_fault_run": sum(r.repeats for r in faults) / n if n else None,
         "clean_steps": clean_steps,
         "false_device_in_fault_runs": sum(r.false_device for r in faults),
     }

@@ -19,7 +19,9 @@ class DetectorSettings(BaseSettings):
     window: int = Field(50, description="normal steps in the δ baseline")
     delta: float = Field(1.1, description="δ: a step this many times the normal is irregular")
     hang_timeout_s: float = Field(10.0, description="an op in flight longer than this is hung")
-    resolve_after: int = Field(10, description="quiet steps before an incident resolves")
+    resolve_after: int = Field(
+        10, description="steps with the culprit not even a suspect before an incident resolves"
+    )
     ops_sample_every: int = Field(100, description="keep raw ops of every Nth step")
 
 

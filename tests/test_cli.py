@@ -83,6 +83,7 @@ def test_eval_json_has_the_documented_shape(tmp_path):
         "false_per_10k_clean_steps",
         "latency_steps_median",
         "latency_s_median",
+        "repeats_per_fault_run",
     }
     assert keys <= set(doc["overall"])
     assert {"slow_gpu", "nic", "clean"} <= set(doc["families"])

@@ -1,5 +1,7 @@
 """Hangs from heartbeats: the member missing from a stuck collective is the culprit."""
 
+import numpy as np
+
 from flare.detectors.hang import HangDetector
 from flare.schemas.wire import HeartbeatV1, InflightOp
 
@@ -82,3 +84,19 @@ def test_a_partial_group_is_blamed_when_no_full_one_ever_appears():
     assert d.check(int(8 * S)) is None
     f = d.check(int(12 * S))
     assert f is not None and f.culprit in ("group:pp.0", "group:pp.1")
+
+
+def test_an_idle_stopped_rank_is_placed_in_the_step_after_its_last_finished_one():
+    # rank 1's newest heartbeat (a keepalive, before it finished step 7) still says step 7;
+    # its step message for 7 was read since: it stopped in step 8, where its peers wait
+    d = HangDetector(timeout_s=10)
+    d.learn_members("tp.0", {0, 1})
+    d.observe(hb(1, 0, step=7))
+    d.steps_done(np.array([0, 1]), 7)
+    for t in range(1, 15):
+        d.observe(hb(0, t, [("tp.0", "all_reduce", 80, 1.0)], step=8))
+    f = d.check(int(14 * S))
+    assert f is not None and f.culprit == "rank:1"
+    assert f.onset_step == 8 and "stopped in step 8" in f.summary, f.summary
+    d.steps_done(np.array([3]), 2)  # a rank never seen before grows the table
+    assert d.done.tolist() == [7, 7, -1, 2]

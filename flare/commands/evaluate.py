@@ -55,8 +55,10 @@ def register(app: typer.Typer) -> None:
             "false_per_10k_clean_steps",
             "latency_steps_median",
             "latency_s_median",
+            "repeats_per_fault_run",
         )
-        heads = ("runs", "top1", "top3", "kind", "false/10k clean", "latency steps", "latency s")
+        heads = ("runs", "top1", "top3", "kind", "false/10k clean", "latency steps", "latency s",
+                 "repeats/run")
         table.add_column("family")
         for h in heads:
             table.add_column(h, justify="right")
