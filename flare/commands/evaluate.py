@@ -71,6 +71,6 @@ def register(app: typer.Typer) -> None:
         for g, m in doc["by_gpus"].items():
             table.add_row(f"all at {g} GPUs", *(fmt(m[c]) for c in cols), style="italic")
         table.add_row("overall", *(fmt(doc["overall"][c]) for c in cols), style="bold")
-        Console(width=max(Console().width, 110)).print(table)
+        Console(width=max(Console().width, 125)).print(table)
         if json_out:
             json_out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
