@@ -60,7 +60,6 @@ class JobDiagnoser:
         """One rank-step message; returns the reports of any steps it completed."""
         self.now_ns = max(self.now_ns, msg.t_end_ns)
         self.steps_ns = max(self.steps_ns, msg.t_end_ns)
-        self.hang.steps_done(np.array([msg.rank]), msg.step)
         out = DiagnoserOutput()
         hang = self._hang_incident()
         if hang is not None and hang.culprit == f"rank:{msg.rank}" and msg.step >= hang.onset_step:
@@ -140,6 +139,7 @@ class JobDiagnoser:
         self.now_ns = max(self.now_ns, ts)
         self.steps_seen += 1
         self.world = max(self.world, frame.n_ranks + int(frame.missing.size))
+        # where an idle stopped rank is: a step is assembled long before a hang timeout
         self.hang.steps_done(frame.rank, frame.step)
         feats = step_features(frame)
         if self.steps_seen <= 3 or self.steps_seen % _MEMBERSHIP_EVERY == 0:
