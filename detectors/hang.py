@@ -47,7 +47,7 @@ class HangDetector:
         top = int(ranks.max()) + 1
         if top > self.done.size:
             self.done = np.concatenate([self.done, np.full(top - self.done.size, -1, np.int64)])
-        np.maximum.at(self.done, ranks, step)
+        self.done[ranks] = np.maximum(self.done[ranks], step)  # a step's ranks are unique
 
     def _current_step(self, rank: int, fallback: int) -> int:
         hb = self.last.get(rank)
