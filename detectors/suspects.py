@@ -51,25 +51,69 @@ class Candidates:
         self.detail.append(detail)
 
 
+SMALL_GROUP = 16  # up to this many values a step, each entity is left out of its own σ
+
+
 class NoiseMemory:
     """Spread of each family's per-step values pooled over recent steps.
 
     A job with 8 nodes gives 8 values per step: their MAD alone is noisy enough to turn a
     data-dependent wobble into z > 8. Pooling the last `depth` steps gives a stable σ while
-    still following slow changes; MAD keeps a persistent outlier from inflating it.
+    still following slow changes; MAD keeps a persistent outlier among many peers from
+    inflating it.
+
+    Among few peers it does not: one slow rank of four is a quarter of the pool, pulls its
+    median and widens its MAD, and so hides behind a σ it inflated itself (a 7× slow rank
+    measured z ≈ 3.5 on an oversubscribed CPU and was never confirmed). So in groups of up
+    to `SMALL_GROUP` values an entity is measured against the σ of the others' values
+    (leave one out), as a peer comparison means; larger groups use the whole pool, where one
+    entity's share is too small to matter and the per-entity work would not be.
+
+    Ranks use it; nodes and hosts do not yet. Node-level wobble (MoE imbalance, data) moves
+    nodes in correlated pairs, and leaving only one of a pair out turned one false `node`
+    incident of `flare eval --gpus 16,32,64` into two while gaining one slow node of 27.
     """
 
     def __init__(self, depth: int = 10) -> None:
         self.depth = depth
-        self._hist: dict[str, deque[np.ndarray]] = {}
+        self._hist: dict[str, deque[tuple[np.ndarray, np.ndarray | None]]] = {}
 
-    def sigma(self, family: str, values: np.ndarray, floor: float) -> float:
+    def _remember(
+        self, family: str, values: np.ndarray, ids: np.ndarray | None
+    ) -> deque[tuple[np.ndarray, np.ndarray | None]]:
         h = self._hist.setdefault(family, deque(maxlen=self.depth))
-        v = values[np.isfinite(values)]
+        ok = np.isfinite(values)
+        v = values[ok]
+        i = None if ids is None else ids[ok]
         if v.size > 4096:  # plenty this step; keep the memory light
             v = v[:: v.size // 4096 + 1]
-        h.append(v - np.median(v) if v.size else v)
-        return robust_sigma(np.concatenate(list(h)), floor)
+            i = None if i is None else i[:: i.size // 4096 + 1]
+        h.append((v - np.median(v) if v.size else v, i))
+        return h
+
+    def sigma(self, family: str, values: np.ndarray, floor: float) -> float:
+        """σ of the whole pool (for scores of an entity made of all the values)."""
+        h = self._remember(family, values, None)
+        return robust_sigma(np.concatenate([v for v, _ in h]), floor)
+
+    def sigma_each(
+        self, family: str, values: np.ndarray, ids: np.ndarray, floor: float
+    ) -> np.ndarray:
+        """(N,) σ to measure each value against: the pool's, or in a small group the pool
+        without the entries of that value's entity (`ids`: one entity id per value)."""
+        h = self._remember(family, values, ids)
+        pool = np.concatenate([v for v, _ in h])
+        out = np.full(values.shape, robust_sigma(pool, floor))
+        if values.size > SMALL_GROUP or pool.size == 0:
+            return out
+        owner = np.concatenate([np.full(v.size, -1) if i is None else i for v, i in h])
+        others = owner[None, :] != ids[:, None]  # (N, pool)
+        enough = others.sum(axis=1) >= 3
+        others[~enough] = True  # too few others: the whole pool
+        a = np.where(others, pool[None, :], np.nan)
+        med = np.nanmedian(a, axis=1, keepdims=True)
+        loo = np.maximum(1.4826 * np.nanmedian(np.abs(a - med), axis=1), floor)
+        return np.where(enough, loo, out)
 
 
 @dataclass(slots=True)
@@ -119,8 +163,7 @@ def _compute_suspects(
         # spread estimate breaks down; then the node is the better reference
         usable = (size >= 3) | ((size == 2) & (n_rep >= 3))
         g = np.where(usable, x - rep_x, g)
-    sg = noise.sigma("gpu", g, 0.004)
-    zg = g / sg
+    zg = g / noise.sigma_each("gpu", g, frame.rank, 0.004)
     for i in np.flatnonzero(zg >= Z_REPORT):
         out.add(
             f"rank:{int(frame.rank[i])}",
@@ -153,12 +196,17 @@ def _host_suspects(
 ) -> None:
     if not feats.has_compute:
         return  # gaps then include compute: the compute view already uses them
+    n_nodes = len(frame.nodes)
+    if n_nodes < 2:
+        # a host is judged against other hosts; on the only one, contention slows every rank
+        # alike (the job's step time shows it) and what is left between its own ranks is
+        # scheduling noise (oversubscribed CPU: z up to 6 on a healthy run)
+        return
     keys, n_keys = stages
     ref_gap = grouped_median(feats.gap_s, keys, n_keys)[keys]
     ref_span = grouped_median(feats.span_s, keys, n_keys)[keys]
     extra = feats.gap_s - ref_gap
     h = np.where(ref_span > 0, extra / np.maximum(ref_span, 1e-9), 0.0)
-    n_nodes = len(frame.nodes)
     counts = np.bincount(frame.node, minlength=n_nodes)
     node_h = np.bincount(frame.node, weights=h, minlength=n_nodes) / np.maximum(counts, 1)
     node_extra = np.bincount(frame.node, weights=extra, minlength=n_nodes) / np.maximum(counts, 1)

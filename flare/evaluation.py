@@ -62,7 +62,7 @@ def fault_scenarios(gpus: Iterable[int], seeds: int) -> list[Scenario]:
     for g in gpus:
         layout = layout_for_gpus(g)
         for family in FAMILIES:
-            if family == "switch" and not _has_two_switches(layout):
+            if not _can_happen(family, layout):
                 continue
             for sev in SEVERITIES[family]:
                 for s in range(seeds):
@@ -119,10 +119,19 @@ def clean_scenarios(gpus: Iterable[int], total_steps: int = CLEAN_STEPS_TOTAL) -
     return out
 
 
-def _has_two_switches(layout: Layout) -> bool:
-    gpus = layout.tp * layout.pp * layout.dp
-    nodes = -(-gpus // layout.gpus_per_node)
-    return nodes > layout.nodes_per_switch
+def _nodes(layout: Layout) -> int:
+    return -(-(layout.tp * layout.pp * layout.dp) // layout.gpus_per_node)
+
+
+def _can_happen(family: str, layout: Layout) -> bool:
+    """Whether the family's fault exists on the layout, and is a device fault there: a
+    switch fault needs two leaf switches; on a single node there is no cross-node traffic,
+    and a slow or starved node is the whole job (a job-wide shift, not a culprit)."""
+    if family == "switch":
+        return _nodes(layout) > layout.nodes_per_switch
+    if family in ("slow_node", "host", "nic", "pp_link"):
+        return _nodes(layout) >= 2
+    return True
 
 
 def run_scenario(sc: Scenario, settings: DetectorSettings | None = None) -> ScenarioResult:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flare.evaluation import score
+from flare.evaluation import fault_scenarios, run_scenario, score
 from flare.producers.simulator import Fault, Scenario, layout_for_gpus
 from flare.producers.simulator.scenario import GroundTruth
 from flare.schemas.wire import IncidentV1, Suspect
@@ -31,3 +31,13 @@ def test_incidents_on_the_culprit_after_the_first_are_repeats_others_are_false()
     assert r.repeats == 2 and r.false_device == 1
     once = score(sc, truth, [_inc("rank:5", 22)])
     assert once.repeats == 0 and once.false_device == 0
+
+
+def test_a_single_node_layout_is_evaluated_on_the_faults_it_can_have():
+    """`flare eval --gpus 8` used to stop on the first cross-node fault it could not build;
+    one node has no NIC traffic, no pipeline link and no peer node or host."""
+    families = {sc.fault.family for sc in fault_scenarios([8], 1) if sc.fault}
+    assert families == {"slow_gpu", "thermal", "hang_rank", "comm_hang"}
+    slow = next(sc for sc in fault_scenarios([8], 1)
+                if sc.fault and sc.fault.family == "slow_gpu" and sc.fault.severity == 2.0)
+    assert run_scenario(slow).top1

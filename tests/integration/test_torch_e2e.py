@@ -61,14 +61,23 @@ def incidents(worker: WorkerProcess, job: str) -> list[dict[str, Any]]:
 
 
 def brief(items: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """What to show of incidents in a failure: kind, culprit, status, onset and opened step."""
-    return [(i["kind"], i["culprit"], i["status"], i["onset_step"], i["opened_step"])
-            for i in items]
+    """What to show of incidents in a failure: kind, culprit, status, onset, opened, last
+    and resolved step."""
+    return [(i["kind"], i["culprit"], i["status"], i["onset_step"], i["opened_step"],
+             i["last_step"], i["resolved_step"]) for i in items]
 
 
 def describe(worker: WorkerProcess, job: str) -> str:
-    """The worker's view of the job, for failure messages: incidents and per-rank scores."""
-    parts = [f"incidents: {brief(incidents(worker, job))}"]
+    """The worker's view of the job, for failure messages: incidents, their culprits'
+    per-step detections, and per-rank scores."""
+    found = incidents(worker, job)
+    parts = [f"incidents: {brief(found)}"]
+    for inc in found:
+        r = worker.get(f"/v1/incidents/{inc['id']}")
+        if r.status_code == 200:
+            seen = [(d["step"], round(d["score"], 1)) for d in
+                    r.json()["evidence"]["culprit_detections"]]
+            parts.append(f"{inc['culprit']} ({inc['kind']}) detected at (step, score): {seen}")
     for path in (f"/v1/jobs/{job}", f"/v1/jobs/{job}/ranks"):
         r = worker.get(path)
         parts.append(f"{path}: {r.status_code} {r.text[:2000]}")
