@@ -44,6 +44,13 @@ def robust_sigma(x: np.ndarray, floor: float) -> float:
     return max(float(1.4826 * np.median(np.abs(x - med))), floor)
 
 
+def robust_sigma_rows(a: np.ndarray, floor: float) -> np.ndarray:
+    """`robust_sigma` of each row of a 2-D array, NaN marking entries a row leaves out
+    (every row needs at least one value)."""
+    med = np.nanmedian(a, axis=1, keepdims=True)
+    return np.maximum(1.4826 * np.nanmedian(np.abs(a - med), axis=1), floor)
+
+
 def unique_ints(x: np.ndarray) -> np.ndarray:
     """Sorted unique values of an integer array (a plain sort: faster than hashing here)."""
     if x.size == 0:

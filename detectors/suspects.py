@@ -21,7 +21,13 @@ import numpy as np
 from flare.detectors.features import Instances, StepFeatures
 from flare.detectors.frame import StepFrame
 from flare.detectors.peers import replica_keys
-from flare.detectors.segments import grouped_median, grouped_quantile, robust_sigma, unique_ints
+from flare.detectors.segments import (
+    grouped_median,
+    grouped_quantile,
+    robust_sigma,
+    robust_sigma_rows,
+    unique_ints,
+)
 from flare.schemas.rankstep import P2P
 
 Z_REPORT = 2.5  # report a suspect's step evidence from this significance on
@@ -86,8 +92,9 @@ class NoiseMemory:
         v = values[ok]
         i = None if ids is None else ids[ok]
         if v.size > 4096:  # plenty this step; keep the memory light
-            v = v[:: v.size // 4096 + 1]
-            i = None if i is None else i[:: i.size // 4096 + 1]
+            stride = v.size // 4096 + 1
+            v = v[::stride]
+            i = None if i is None else i[::stride]
         h.append((v - np.median(v) if v.size else v, i))
         return h
 
@@ -110,9 +117,7 @@ class NoiseMemory:
         others = owner[None, :] != ids[:, None]  # (N, pool)
         enough = others.sum(axis=1) >= 3
         others[~enough] = True  # too few others: the whole pool
-        a = np.where(others, pool[None, :], np.nan)
-        med = np.nanmedian(a, axis=1, keepdims=True)
-        loo = np.maximum(1.4826 * np.nanmedian(np.abs(a - med), axis=1), floor)
+        loo = robust_sigma_rows(np.where(others, pool[None, :], np.nan), floor)
         return np.where(enough, loo, out)
 
 
