@@ -11,11 +11,11 @@ from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter, FastAPI
 
-from flare.api import problems
-from flare.api.deps import Ready
-from flare.api.routes import health, incidents, jobs
-from flare.streams.clickhouse import ClickHouse
-from flare.streams.queries import Queries
+from api import problems
+from api.deps import Ready
+from api.routes import health, incidents, jobs
+from storage.client import ClickHouse
+from storage.reader import Queries
 
 
 def _version() -> str:

@@ -18,8 +18,8 @@ from typing import Annotated
 
 from fastapi import Depends, Query, Request
 
-from flare.api.problems import bad_parameter
-from flare.streams.queries import Queries
+from api.problems import bad_parameter
+from storage.reader import Queries
 
 I64_MAX = 2**63 - 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from flare.streams.clickhouse import StorageError
+from storage.client import StorageError
 
 MEDIA_TYPE = "application/problem+json"
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flare.detectors.frame import StepFrame
-from flare.schemas.rankstep import COORD_DIMS, RankStep
+from schemas.frame import StepFrame
+from schemas.rankstep import COORD_DIMS, RankStep
 
 _NS = 1_000_000_000
 

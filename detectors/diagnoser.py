@@ -10,27 +10,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from flare.detectors.assembly import StepAssembler
-from flare.detectors.evidence import EvidenceTracker, Track
-from flare.detectors.explain import summarize
-from flare.detectors.features import StepFeatures, step_features
-from flare.detectors.frame import StepFrame
-from flare.detectors.hang import HangDetector
-from flare.detectors.incidents import IncidentBook, OpenIncident
-from flare.detectors.irregularity import StepTimeBaseline
-from flare.detectors.peers import stage_keys
-from flare.detectors.report import Detection, DiagnoserOutput, StepReport
-from flare.detectors.rows import group_rows, rank_rows
-from flare.detectors.suspects import (
+from detectors.assembly import StepAssembler
+from detectors.evidence import EvidenceTracker, Track
+from detectors.explain import summarize
+from detectors.features import StepFeatures, step_features
+from detectors.hang import HangDetector
+from detectors.incidents import IncidentBook, OpenIncident
+from detectors.irregularity import StepTimeBaseline
+from detectors.peers import stage_keys
+from detectors.rows import group_rows, rank_rows
+from detectors.suspects import (
     NoiseMemory,
     Topology,
     compute_ratio,
     step_suspects,
     transfer_reference,
 )
-from flare.schemas.rankstep import RankStep
-from flare.schemas.wire import HeartbeatV1, IncidentV1, JobV1, Suspect
 from flare.settings import DetectorSettings
+from schemas.frame import StepFrame
+from schemas.rankstep import RankStep
+from schemas.report import Detection, DiagnoserOutput, StepReport
+from schemas.wire import HeartbeatV1, IncidentV1, JobV1, Suspect
 
 _NS = 1_000_000_000
 _MEMBERSHIP_EVERY = 10  # relearn group membership every N steps (it rarely changes)
@@ -166,12 +166,11 @@ class JobDiagnoser:
             inc.add_evidence(frame.step, slow, step_time, self.world)
             out.incidents.append(inc.to_v1(self.job))
         for key, inc in list(self.book.open.items()):
-            tr = self.tracker.tracks.get((key[1], key[0]))
-            if key not in touched and tr is not None and tr.absent == 0:
+            open_tr = self.tracker.tracks.get((key[1], key[0]))
+            if key not in touched and open_tr is not None and open_tr.absent == 0:
                 touched.add(key)
-                inc.add_evidence(
-                    frame.step, self._slowdown(key, step_time, tr.excess_s), step_time, self.world
-                )
+                slow = self._slowdown(key, step_time, open_tr.excess_s)
+                inc.add_evidence(frame.step, slow, step_time, self.world)
                 out.incidents.append(inc.to_v1(self.job))
         touched.update(k for k in self.book.open if k[0] == "hang")
         for inc in self.book.quiet_step(touched, frame.step):

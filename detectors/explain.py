@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from flare.detectors.features import StepFeatures
-from flare.detectors.frame import StepFrame
+from detectors.features import StepFeatures
+from schemas.frame import StepFrame
 
 
 def waiting_group(frame: StepFrame, feats: StepFeatures, rank: int) -> tuple[str, str, int, float]:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flare.detectors.frame import StepFrame
-from flare.schemas.rankstep import COMPUTE
+from schemas.frame import StepFrame
+from schemas.rankstep import COMPUTE
 
 _NS = 1e-9
 _SEQ_BITS = 40

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flare.schemas.wire import HeartbeatV1
+from schemas.wire import HeartbeatV1
 
 _NS = 1_000_000_000
 
@@ -100,12 +100,11 @@ class HangDetector:
             ranked = sorted(roots.items(), key=lambda kv: (-kv[1], kv[0]))
             culprit_rank, waiting = ranked[0]
             total = sum(roots.values())
-            hb = self.last.get(culprit_rank)
-            where = f" ({hb.node})" if hb else ""
+            last_hb = self.last.get(culprit_rank)
+            where = f" ({last_hb.node})" if last_hb else ""
             c_step = self._current_step(culprit_rank, step)
-            state = (
-                "silent" if hb is None or now_ns - hb.ts_ns > limit else "alive, no op in flight"
-            )
+            silent = last_hb is None or now_ns - last_hb.ts_ns > limit
+            state = "silent" if silent else "alive, no op in flight"
             groups = sorted({k[0] for k in stuck if culprit_rank in self.members.get(k[0], set())})
             direct = waits_on[culprit_rank]
             return HangFinding(

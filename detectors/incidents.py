@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from flare.schemas.wire import IncidentV1, Suspect
+from schemas.wire import IncidentV1, Suspect
 
 
 def incident_id(job: str, kind: str, culprit: str, opened_step: int) -> str:

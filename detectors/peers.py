@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from flare.detectors.frame import StepFrame
-from flare.schemas.rankstep import COMPUTE
+from schemas.frame import StepFrame
+from schemas.rankstep import COMPUTE
 
 
 def stage_keys(frame: StepFrame) -> tuple[np.ndarray, int]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from flare.detectors.features import StepFeatures
-from flare.detectors.frame import StepFrame
-from flare.detectors.report import GroupRows, RankRows
+from detectors.features import StepFeatures
+from schemas.frame import StepFrame
+from schemas.report import GroupRows, RankRows
 
 
 def rank_rows(frame: StepFrame, feats: StepFeatures, ratio: np.ndarray) -> RankRows:

@@ -18,17 +18,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flare.detectors.features import Instances, StepFeatures
-from flare.detectors.frame import StepFrame
-from flare.detectors.peers import replica_keys
-from flare.detectors.segments import (
+from detectors.features import Instances, StepFeatures
+from detectors.peers import replica_keys
+from detectors.segments import (
     grouped_median,
     grouped_quantile,
     robust_sigma,
     robust_sigma_rows,
     unique_ints,
 )
-from flare.schemas.rankstep import P2P
+from schemas.frame import StepFrame
+from schemas.rankstep import P2P
 
 Z_REPORT = 2.5  # report a suspect's step evidence from this significance on
 Z_CAP = 50.0  # one step never counts for more than this

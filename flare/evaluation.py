@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
-from flare.detectors.diagnoser import JobDiagnoser
-from flare.detectors.frame import StepFrame
-from flare.producers.simulator import (
+from detectors.diagnoser import JobDiagnoser
+from flare.settings import DetectorSettings
+from producers.simulator import (
     FAMILIES,
     SEVERITIES,
     Fault,
@@ -25,8 +25,8 @@ from flare.producers.simulator import (
     Scenario,
     layout_for_gpus,
 )
-from flare.schemas.wire import IncidentV1
-from flare.settings import DetectorSettings
+from schemas.frame import StepFrame
+from schemas.wire import IncidentV1
 
 HANG_FAMILIES = ("hang_rank", "comm_hang")
 FAULT_STEPS_AFTER_ONSET = 30
@@ -136,7 +136,7 @@ def _can_happen(family: str, layout: Layout) -> bool:
 
 def run_scenario(sc: Scenario, settings: DetectorSettings | None = None) -> ScenarioResult:
     """Simulate one scenario into a fresh diagnoser and score what it reported."""
-    from flare.producers.simulator import ClusterSimulator
+    from producers.simulator import ClusterSimulator
 
     sim = ClusterSimulator(sc)
     diag = JobDiagnoser(sc.job, settings)

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from flare.detectors.diagnoser import JobDiagnoser
-from flare.schemas import InvalidMessage
-from flare.schemas.decode import decode_heartbeat, decode_job
-from flare.schemas.steps_decoder import StepsDecoder
-from flare.schemas.wire import IncidentV1
+from detectors.diagnoser import JobDiagnoser
 from flare.settings import DetectorSettings
+from schemas import InvalidMessage
+from schemas.decode import decode_heartbeat, decode_job
+from schemas.steps_decoder import StepsDecoder
+from schemas.wire import IncidentV1
 
 STEPS, HEARTBEATS, JOBS = "flare.steps.v1", "flare.heartbeats.v1", "flare.jobs.v1"
 
@@ -61,14 +61,14 @@ def diagnose_messages(
         out = d.flush()
         res.steps += len(out.reports)
         res.events.extend(out.incidents)
-    for ev in res.events:
-        res.incidents[ev.id] = ev
+    for inc in res.events:
+        res.incidents[inc.id] = inc
     return res
 
 
 def recording_messages(path: str) -> Iterable[tuple[str, bytes]]:
     """A recorded stream as (topic, raw bytes), exactly as a consumer would receive them."""
-    from flare.producers.recording import read_recording
+    from producers.recording import read_recording
 
     for m in read_recording(path):
         raw = m.value if isinstance(m.value, bytes) else orjson.dumps(m.value)

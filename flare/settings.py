@@ -9,6 +9,8 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.kafka import KafkaConnection, SaslMechanism, SecurityProtocol
+
 
 class DetectorSettings(BaseSettings):
     """Knobs of the detection core; defaults are the ones ACCURACY.md was measured with."""
@@ -32,6 +34,14 @@ class Settings(BaseSettings):
 
     kafka_bootstrap: str = Field("", description="host:port of Kafka; empty: start tansu")
     kafka_port: int = Field(19092, description="port of the local tansu broker")
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    kafka_sasl_mechanism: SaslMechanism | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_ca_location: str | None = None
+    kafka_ssl_certificate_location: str | None = None
+    kafka_ssl_key_location: str | None = None
+    kafka_ssl_key_password: SecretStr | None = None
     partitions: int = Field(4, description="partitions of each flare topic")
     clickhouse_url: str = Field("chdb:///./data/chdb", description="chdb:///path or http(s)://")
     clickhouse_password: SecretStr = Field(SecretStr(""), description="ClickHouse password")
@@ -61,3 +71,21 @@ class Settings(BaseSettings):
         20_000, description="messages per input topic-partition re-read to rebuild detector "
         "state when a partition is assigned (0: start from scratch)"
     )
+
+    def kafka_connection(self, bootstrap: str | None = None) -> KafkaConnection:
+        """The one Kafka connection every client of this process uses.
+
+        `bootstrap` overrides the configured servers (the local tansu broker `flare up`
+        started); empty settings mean that local broker's port on loopback.
+        """
+        return KafkaConnection(
+            bootstrap=bootstrap or self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}",
+            security_protocol=self.kafka_security_protocol,
+            sasl_mechanism=self.kafka_sasl_mechanism,
+            sasl_username=self.kafka_sasl_username,
+            sasl_password=self.kafka_sasl_password,
+            ssl_ca_location=self.kafka_ssl_ca_location,
+            ssl_certificate_location=self.kafka_ssl_certificate_location,
+            ssl_key_location=self.kafka_ssl_key_location,
+            ssl_key_password=self.kafka_ssl_key_password,
+        )

@@ -35,10 +35,10 @@ import msgspec
 import numpy as np
 import orjson
 
-from flare.producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
-from flare.schemas.decode import decode_steps
-from flare.schemas.steps_decoder import StepsDecoder
-from flare.schemas.wire import StepsV1
+from producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
+from schemas.decode import decode_steps
+from schemas.steps_decoder import StepsDecoder
+from schemas.wire import StepsV1
 
 INT_COLS = ("seq", "start_ns", "dur_ns", "bytes")
 

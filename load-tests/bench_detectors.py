@@ -17,18 +17,18 @@ import time
 
 import numpy as np
 
-from flare.detectors.assembly import StepAssembler
-from flare.detectors.diagnoser import JobDiagnoser
-from flare.detectors.features import step_features
-from flare.detectors.peers import stage_keys
-from flare.detectors.suspects import (
+from detectors.assembly import StepAssembler
+from detectors.diagnoser import JobDiagnoser
+from detectors.features import step_features
+from detectors.peers import stage_keys
+from detectors.suspects import (
     NoiseMemory,
     Topology,
     compute_ratio,
     step_suspects,
     transfer_reference,
 )
-from flare.producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
+from producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
 
 
 def main() -> None:

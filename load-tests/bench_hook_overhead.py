@@ -44,9 +44,9 @@ def op_cost(n: int = 200_000) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from flare.producers.torch_buffer import OpLog
-    from flare.producers.torch_groups import GroupRegistry
-    from flare.producers.torch_patch import HookStats, Patcher
+    from producers.torch_hook.buffer import OpLog
+    from producers.torch_hook.groups import GroupRegistry
+    from producers.torch_hook.patch import HookStats, Patcher
 
     # (a) the wrapper alone, around a collective that does nothing
     class PG:
@@ -127,7 +127,7 @@ def bench_rank(rank: int, world: int, port: int, steps: int, out: str) -> None:
     import torch.distributed as dist
     import torch.optim.optimizer as optim
 
-    from flare.producers import torch_hook
+    from producers import torch_hook
 
     hook = torch_hook.install()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -196,7 +196,7 @@ def _run_training(world: int, steps: int, sock: Path, out: Path) -> dict:
 
 def _cpu_per_step(n_ops: int) -> float:
     """CPU seconds the sender thread spends building and encoding one step of n_ops ops."""
-    from flare.producers.torch_buffer import OpLog, RankMeta, encode, steps_message
+    from producers.torch_hook.buffer import OpLog, RankMeta, encode, steps_message
 
     log = OpLog()
     for i in range(n_ops):
@@ -210,7 +210,7 @@ def _cpu_per_step(n_ops: int) -> float:
 
 
 def step_overhead(world: int, steps: int, repeats: int) -> dict:
-    from flare.producers.agent_daemon import AgentCore, AgentDaemon, MemoryPublisher, Outbox
+    from producers.agent.daemon import AgentCore, AgentDaemon, MemoryPublisher, Outbox
 
     tmp = Path(tempfile.mkdtemp(prefix="flare-bench-", dir="/tmp"))
     sock = tmp / "agent.sock"

@@ -54,12 +54,12 @@ import httpx
 import numpy as np
 import orjson
 
-from flare.producers.live import publish_events
-from flare.producers.publisher import producer_config
-from flare.producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
+from flare.local.broker import free_port, start_tansu
 from flare.settings import Settings
-from flare.streams.broker import free_port, start_tansu
-from flare.streams.topics import ensure_topics
+from producers.live import publish_events
+from producers.publisher import producer_config
+from producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
+from streams.kafka.topics import ensure_topics
 
 STEPS, HEARTBEATS, JOBS = "flare.steps.v1", "flare.heartbeats.v1", "flare.jobs.v1"
 INPUTS = (STEPS, HEARTBEATS, JOBS)

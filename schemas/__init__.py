@@ -4,7 +4,7 @@ Everything that crosses a process boundary is defined here, so producers, the st
 and the API agree on one set of types.
 """
 
-from flare.schemas.errors import InvalidMessage
-from flare.schemas.rankstep import COLL, COMPUTE, OP_KINDS, P2P, RankStep
+from schemas.errors import InvalidMessage
+from schemas.rankstep import COLL, COMPUTE, OP_KINDS, P2P, RankStep
 
 __all__ = ["COLL", "COMPUTE", "OP_KINDS", "P2P", "InvalidMessage", "RankStep"]

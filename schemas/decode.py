@@ -12,9 +12,9 @@ import re
 import msgspec
 import numpy as np
 
-from flare.schemas.errors import InvalidMessage
-from flare.schemas.rankstep import GROUP_KINDS, KIND_CODE, RankStep
-from flare.schemas.wire import HeartbeatV1, JobV1, StepsV1
+from schemas.errors import InvalidMessage
+from schemas.rankstep import GROUP_KINDS, KIND_CODE, RankStep
+from schemas.wire import HeartbeatV1, JobV1, StepsV1
 
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
 _OP_FIELDS = ("kind", "name", "group", "seq", "start_ns", "dur_ns", "bytes")

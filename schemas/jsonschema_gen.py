@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import orjson
 
-from flare.schemas.wire import TOPIC_MODELS
+from schemas.wire import TOPIC_MODELS
 
 
 def schema_documents() -> dict[str, bytes]:

@@ -47,9 +47,9 @@ import msgspec
 import numpy as np
 from msgspec import UNSET, UnsetType
 
-from flare.schemas.decode import DEFAULT_MAX_BYTES, _check_size, _group_ok, decode_steps
-from flare.schemas.rankstep import KIND_CODE, RankStep
-from flare.schemas.wire import Name, NonNeg, OpKind
+from schemas.decode import DEFAULT_MAX_BYTES, _check_size, _group_ok, decode_steps
+from schemas.rankstep import KIND_CODE, RankStep
+from schemas.wire import Name, NonNeg, OpKind
 
 _I64_MIN = int(np.iinfo(np.int64).min)
 _I64_MAX = int(np.iinfo(np.int64).max)

@@ -14,8 +14,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from flare.schemas import InvalidMessage
-from flare.schemas.wire import DeadLetterV1
+from schemas import InvalidMessage
+from schemas.wire import DeadLetterV1
 
 MAX_PAYLOAD_BYTES = 256 * 1024
 INTERNAL = "internal"  # the message decoded but the diagnoser raised: a Flare bug, not input

@@ -20,12 +20,12 @@ from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
-from flare.detectors.report import DiagnoserOutput
-from flare.schemas.wire import DeadLetterV1, IncidentV1
-from flare.streams.ordering import EventTimeMerger
-from flare.streams.progress import Progress, Readiness
-from flare.streams.routing import Decoded, Diagnoser, JobRouter, Routed
-from flare.streams.topics import DEADLETTER, INCIDENTS, ORDERED_TOPICS
+from schemas.report import DiagnoserOutput
+from schemas.topics import DEADLETTER, INCIDENTS, ORDERED_TOPICS
+from schemas.wire import DeadLetterV1, IncidentV1
+from streams.ordering import EventTimeMerger
+from streams.progress import Progress, Readiness
+from streams.routing import Decoded, Diagnoser, JobRouter, Routed
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ _encode = msgspec.json.Encoder().encode
 
 
 class RowSink(Protocol):
-    """What the pipeline needs of `flare.streams.sink.Sink`."""
+    """What the pipeline needs of `storage.writer.Sink`."""
 
     def add_output(self, out: DiagnoserOutput) -> None: ...
 
@@ -247,7 +247,7 @@ class Pipeline:
     # ---- storage --------------------------------------------------------------------------
     def flush(self) -> bool:
         """Write buffered rows; False (rows kept for the next try) if storage failed."""
-        from flare.streams.clickhouse import StorageError
+        from storage.client import StorageError
 
         try:
             self.sink.flush()

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from flare.streams.pipeline import Record
+from streams.pipeline import Record
 
 
 def read_history(

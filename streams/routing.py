@@ -23,20 +23,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from flare.detectors.report import DiagnoserOutput
-from flare.schemas import InvalidMessage
-from flare.schemas.decode import decode_heartbeat, decode_job
-from flare.schemas.rankstep import RankStep
-from flare.schemas.steps_decoder import StepsDecoder
-from flare.schemas.wire import DeadLetterV1, HeartbeatV1, JobV1
-from flare.streams.deadletter import (
+from schemas import InvalidMessage
+from schemas.decode import decode_heartbeat, decode_job
+from schemas.rankstep import RankStep
+from schemas.report import DiagnoserOutput
+from schemas.steps_decoder import StepsDecoder
+from schemas.topics import HEARTBEATS, JOBS, STEPS
+from schemas.wire import DeadLetterV1, HeartbeatV1, JobV1
+from streams.deadletter import (
     INTERNAL,
     DeadLetterCounts,
     cause_of,
     invalid_reason,
     make_dead_letter,
 )
-from flare.streams.topics import HEARTBEATS, JOBS, STEPS
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ _NS = 1_000_000_000
 
 
 class Diagnoser(Protocol):
-    """What the router needs of `flare.detectors.diagnoser.JobDiagnoser`."""
+    """What the router needs of `detectors.diagnoser.JobDiagnoser`."""
 
     def on_steps(self, msg: RankStep) -> DiagnoserOutput: ...
 

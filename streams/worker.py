@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from flare.settings import Settings
-from flare.streams.pipeline import BatchResult, Outgoing, Pipeline, Record
-from flare.streams.rebuild import read_history
-from flare.streams.topics import DEADLETTER, INCIDENTS, INPUT_TOPICS
+from schemas.topics import DEADLETTER, INCIDENTS, INPUT_TOPICS
+from streams.pipeline import BatchResult, Outgoing, Pipeline, Record
+from streams.rebuild import read_history
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def build_app(
     import faust
     from faust.contrib.asgi import serve_asgi
 
-    from flare.streams.faust_consumer import transport_with_fetch_wait
+    from streams.kafka.faust_consumer import transport_with_fetch_wait
 
     max_fetch = max(4 * 1024 * 1024, 2 * settings.max_message_bytes)
     app = faust.App(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from flare.api.deps import ReadyDep, StoreDep
-from flare.api.models import Status
-from flare.api.problems import ProblemError, responses
+from api.deps import ReadyDep, StoreDep
+from api.models import Status
+from api.problems import ProblemError, responses
 
 router = APIRouter(tags=["health"])
 

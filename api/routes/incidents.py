@@ -7,8 +7,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from flare.api.deps import Offset, StoreDep, decode_cursor, encode_cursor, parse_time
-from flare.api.models import (
+from api.deps import Offset, StoreDep, decode_cursor, encode_cursor, parse_time
+from api.models import (
     Evidence,
     Incident,
     IncidentDetail,
@@ -16,7 +16,7 @@ from flare.api.models import (
     IncidentPage,
     IncidentStatus,
 )
-from flare.api.problems import bad_parameter, not_found, responses
+from api.problems import bad_parameter, not_found, responses
 
 router = APIRouter(prefix="/incidents", tags=["incidents"])
 

@@ -10,10 +10,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from flare.api.deps import Offset, Step, StoreDep
-from flare.api.models import JobHealth, JobPage, RankScores, StepPoint, StepSeries
-from flare.api.problems import bad_parameter, not_found, responses
-from flare.streams.queries import Queries, RankSort
+from api.deps import Offset, Step, StoreDep
+from api.models import JobHealth, JobPage, RankScores, StepPoint, StepSeries
+from api.problems import bad_parameter, not_found, responses
+from storage.reader import Queries, RankSort
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

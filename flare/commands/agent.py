@@ -46,9 +46,9 @@ def register(app: typer.Typer) -> None:
         import signal
         import sys
 
-        from flare.producers.agent_daemon import Cadence, Publisher, run_agent
-        from flare.producers.torch_wire import default_socket_path
         from flare.settings import Settings
+        from producers.agent.daemon import Cadence, Publisher, run_agent
+        from producers.torch_hook.wire import default_socket_path
 
         try:
             Cadence(interval_s=interval_s, keepalive_s=keepalive_s, long_op_s=long_op_s)
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             publisher = _StdoutPublisher()
         else:
-            from flare.producers.publisher import Publisher as KafkaPublisher
+            from producers.publisher import Publisher as KafkaPublisher
 
             bootstrap = settings.kafka_bootstrap or f"127.0.0.1:{settings.kafka_port}"
             publisher = KafkaPublisher(bootstrap, max_message_bytes=settings.max_message_bytes)

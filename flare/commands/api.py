@@ -40,11 +40,11 @@ def register(app: typer.Typer) -> None:
         """Serve /v1 incidents, jobs, steps and ranks, /healthz, /readyz and /openapi.json."""
         import uvicorn
 
-        from flare.api.app import create_app
+        from api.app import create_app
         from flare.settings import Settings
-        from flare.streams.clickhouse import StorageError, connect_when_ready
-        from flare.streams.queries import Queries
-        from flare.streams.schema import apply_schema
+        from storage.client import StorageError, connect_when_ready
+        from storage.migrations import apply_schema
+        from storage.reader import Queries
 
         overrides: dict[str, Any] = {
             "clickhouse_url": clickhouse_url, "api_host": host, "api_port": port

@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from flare.offline import diagnose_messages, recording_messages
-        from flare.producers.recording import RecordingError
+        from producers.recording import RecordingError
 
         try:
             res = diagnose_messages(recording_messages(str(recording)))

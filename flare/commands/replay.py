@@ -38,14 +38,14 @@ def register(app: typer.Typer) -> None:
             help="create missing flare topics (FLARE_PARTITIONS partitions) first"),
     ) -> None:
         """Publish a recorded stream (one Kafka message per line) to the broker."""
-        from flare.producers.kineto import KinetoError, kineto_to_events
-        from flare.producers.live import publish_events
-        from flare.producers.publisher import Publisher, PublishError
-        from flare.producers.recording import RecordingError, recording_events, write_events
+        from flare.local.broker import BrokerError, wait_for_broker
         from flare.settings import Settings
-        from flare.streams.broker import BrokerError, wait_for_broker
-        from flare.streams.topics import TopicError, ensure_topics
-        from flare.streams.worker import local_bootstrap
+        from producers.kineto.replay import KinetoError, kineto_to_events
+        from producers.live import publish_events
+        from producers.publisher import Publisher, PublishError
+        from producers.recording import RecordingError, recording_events, write_events
+        from streams.kafka.topics import TopicError, ensure_topics
+        from streams.worker import local_bootstrap
 
         if (recording is None) == (not kineto):
             typer.echo("error: give a recording or --kineto DIR (not both)", err=True)
@@ -55,7 +55,8 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         try:
             events = (
-                list(kineto_to_events(kineto, job)) if kineto else recording_events(recording)
+                list(kineto_to_events(kineto, job)) if kineto
+                else recording_events(recording) if recording is not None else []
             )
         except KinetoError as exc:
             typer.echo(f"error: {exc}", err=True)

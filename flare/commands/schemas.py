@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("schemas/jsonschema"), help="folder for the .json files"),
     ) -> None:
         """Write one JSON Schema file per v1 topic (generated from schemas/wire.py)."""
-        from flare.schemas.jsonschema_gen import write_schemas
+        from schemas.jsonschema_gen import write_schemas
 
         for path in write_schemas(out):
             typer.echo(str(path))

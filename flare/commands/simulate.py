@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-        from flare.producers.simulator import (
+        from producers.simulator import (
             FAMILIES,
             SEVERITIES,
             ClusterSimulator,
@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
             Scenario,
             layout_for_gpus,
         )
-        from flare.producers.simulator.recording import truth_path, write_simulation
+        from producers.simulator.recording import truth_path, write_simulation
 
         console = Console(stderr=True)
         try:
@@ -96,8 +96,8 @@ def _publish_live(sim, bootstrap: str, speed: float, console) -> None:  # noqa: 
     """Publish the run in (scaled) real time until it ends or SIGTERM / Ctrl-C."""
     import signal
 
-    from flare.producers.live import publish_events
-    from flare.producers.publisher import Publisher, PublishError
+    from producers.live import publish_events
+    from producers.publisher import Publisher, PublishError
 
     stopping: list[bool] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))

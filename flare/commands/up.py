@@ -33,7 +33,7 @@ class _Child:
         return self.process.poll() is None
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        from flare.streams.broker import stop_process
+        from flare.local.broker import stop_process
 
         stop_process(self.process, timeout_s)
 
@@ -45,7 +45,7 @@ class _Child:
 
 
 def _spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str]) -> _Child:
-    from flare.streams.broker import die_with_parent
+    from flare.local.broker import die_with_parent
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
@@ -71,7 +71,7 @@ def incident_line(inc: dict) -> str:
 def build_simulator(job: str, gpus: int, steps: int, fault: str | None, severity: float,
                     onset: int, step_time: float, seed: int) -> Any:
     """The simulated cluster of `flare up --simulate` (ValueError if it cannot exist)."""
-    from flare.producers.simulator import ClusterSimulator, Fault, Scenario, layout_for_gpus
+    from producers.simulator import ClusterSimulator, Fault, Scenario, layout_for_gpus
 
     flt = Fault(fault, severity, onset, None) if fault and fault != "none" else None
     return ClusterSimulator(Scenario(job=job, layout=layout_for_gpus(gpus), steps=steps,
@@ -118,16 +118,17 @@ def register(app: typer.Typer) -> None:
         """Start broker, topics, worker + API (and a simulated cluster); print incidents."""
         import orjson
 
-        from flare.settings import Settings
-        from flare.streams.broker import (
+        from flare.local.broker import (
             BrokerError,
             TansuBroker,
             port_in_use,
             start_tansu,
             wait_for_broker,
         )
-        from flare.streams.follow import TopicFollower
-        from flare.streams.topics import INCIDENTS, TopicError, ensure_topics
+        from flare.settings import Settings
+        from schemas.topics import INCIDENTS
+        from streams.kafka.follow import TopicFollower
+        from streams.kafka.topics import TopicError, ensure_topics
 
         settings = Settings()
         job = f"sim-{gpus}-{fault}-s{seed}"

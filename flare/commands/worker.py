@@ -28,7 +28,7 @@ def _settings(**overrides: Any) -> Settings:
 def build_api(db: Any, pipeline: Any) -> Any:
     """The FastAPI app over `db`, with readiness from the pipeline's watchdog and the
     worker's own counters at /worker/stats."""
-    from flare.api.app import create_app
+    from api.app import create_app
 
     def ready() -> tuple[bool, str]:
         r = pipeline.readiness()
@@ -48,15 +48,15 @@ def build_api(db: Any, pipeline: Any) -> Any:
 
 def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> None:
     """Run one worker until SIGINT/SIGTERM."""
-    from flare.detectors.diagnoser import JobDiagnoser
+    from detectors.diagnoser import JobDiagnoser
+    from flare.local.broker import wait_for_broker
     from flare.settings import DetectorSettings
-    from flare.streams.broker import wait_for_broker
-    from flare.streams.clickhouse import connect_when_ready
-    from flare.streams.pipeline import build_pipeline
-    from flare.streams.schema import apply_schema
-    from flare.streams.sink import Sink
-    from flare.streams.topics import ensure_topics
-    from flare.streams.worker import ApiServer, build_app, local_bootstrap, run_faust
+    from storage.client import connect_when_ready
+    from storage.migrations import apply_schema
+    from storage.writer import Sink
+    from streams.kafka.topics import ensure_topics
+    from streams.pipeline import build_pipeline
+    from streams.worker import ApiServer, build_app, local_bootstrap, run_faust
 
     bootstrap = local_bootstrap(settings)
     wait_for_broker(bootstrap, timeout_s=60.0)

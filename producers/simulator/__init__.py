@@ -7,8 +7,8 @@ their last member arrives, p2p rendezvous, GPipe pipelining. `ClusterSimulator.r
 `write_recording()` a `.jsonl` recording with its `<stem>.truth.json`.
 """
 
-from flare.producers.simulator.recording import read_truth, truth_path, write_recording
-from flare.producers.simulator.scenario import (
+from producers.simulator.recording import read_truth, truth_path, write_recording
+from producers.simulator.scenario import (
     FAMILIES,
     FAMILY_KIND,
     SEVERITIES,
@@ -19,7 +19,7 @@ from flare.producers.simulator.scenario import (
     Scenario,
     layout_for_gpus,
 )
-from flare.producers.simulator.simulator import ClusterSimulator
+from producers.simulator.simulator import ClusterSimulator
 
 __all__ = [
     "FAMILIES",

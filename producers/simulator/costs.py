@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flare.producers.simulator.topology import G_DP, G_EP, G_PP_NEXT, G_TP, Topology
+from producers.simulator.topology import G_DP, G_EP, G_PP_NEXT, G_TP, Topology
 
 MiB = 1 << 20
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flare.detectors.frame import StepFrame
-from flare.producers.simulator.engine import ALL_TO_ALL, NAMES, StepRecord
-from flare.producers.simulator.topology import Topology
-from flare.schemas.rankstep import COMPUTE, COORD_DIMS, RankStep
-from flare.schemas.wire import HeartbeatV1, InflightOp
+from producers.simulator.engine import ALL_TO_ALL, NAMES, StepRecord
+from producers.simulator.topology import Topology
+from schemas.frame import StepFrame
+from schemas.rankstep import COMPUTE, COORD_DIMS, RankStep
+from schemas.wire import HeartbeatV1, InflightOp
 
 
 @dataclass
@@ -166,7 +166,7 @@ class HeartbeatBatch:
 class BeatCadence:
     """Which heartbeat samples are published, and the per-rank state that carries across steps.
 
-    The node daemon's policy (`flare.producers.agent_daemon`): sampling stays on each rank's
+    The node daemon's policy (`producers.agent.daemon`): sampling stays on each rank's
     grid phase_r + n·period, and a sample is PUBLISHED only if
       (a) it is the rank's first sample of the job, or
       (b) its long-op key differs from the one at the rank's previous sample; a simulated

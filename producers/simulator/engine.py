@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flare.producers.simulator.costs import CostModel
-from flare.producers.simulator.topology import (
+from producers.simulator.costs import CostModel
+from producers.simulator.topology import (
     G_DP,
     G_EP,
     G_NONE,
@@ -28,7 +28,7 @@ from flare.producers.simulator.topology import (
     G_TP,
     Topology,
 )
-from flare.schemas.rankstep import COLL, COMPUTE, P2P
+from schemas.rankstep import COLL, COMPUTE, P2P
 
 NAMES: tuple[str, ...] = (
     "embed", "fwd", "bwd", "loss", "expert", "expert_bwd", "optimizer", "checkpoint",

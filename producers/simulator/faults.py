@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flare.producers.simulator.scenario import Fault
-from flare.producers.simulator.topology import G_PP_NEXT, Topology
+from producers.simulator.scenario import Fault
+from producers.simulator.topology import G_PP_NEXT, Topology
 
 COMPUTE_FAMILIES = ("slow_gpu", "thermal", "slow_node")
 LINK_FAMILIES = ("nic", "switch", "pp_link")

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flare.producers.simulator.costs import CostModel
-from flare.producers.simulator.scenario import Noise
-from flare.producers.simulator.topology import Topology
+from producers.simulator.costs import CostModel
+from producers.simulator.scenario import Noise
+from producers.simulator.topology import Topology
 
 
 @dataclass

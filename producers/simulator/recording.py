@@ -12,8 +12,8 @@ from pathlib import Path
 
 import orjson
 
-from flare.producers.simulator.scenario import GroundTruth, Scenario
-from flare.producers.simulator.simulator import STEPS_TOPIC, ClusterSimulator
+from producers.simulator.scenario import GroundTruth, Scenario
+from producers.simulator.simulator import STEPS_TOPIC, ClusterSimulator
 
 
 def truth_path(recording: Path) -> Path:

@@ -194,7 +194,7 @@ class Scenario:
     """One simulated job: layout, length, seed, optional fault and the clean noise.
 
     `heartbeats` turns the heartbeat stream on; `keepalive_s` and `long_op_s` are its
-    cadence, the node daemon's policy (`flare.producers.agent_daemon`): a rank's 1 Hz sample
+    cadence, the node daemon's policy (`producers.agent.daemon`): a rank's 1 Hz sample
     is published on its first sample, when its long op (in flight >= `long_op_s`) changes, and
     at least every `keepalive_s` (keepalive_s <= 1 s: every sample, the old 1 Hz stream).
     """

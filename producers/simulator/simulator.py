@@ -19,9 +19,8 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from flare.detectors.frame import StepFrame
-from flare.producers.simulator.costs import CostModel, transfer_times
-from flare.producers.simulator.emit import (
+from producers.simulator.costs import CostModel, transfer_times
+from producers.simulator.emit import (
     BeatCadence,
     Clocks,
     HeartbeatBatch,
@@ -32,14 +31,15 @@ from flare.producers.simulator.emit import (
     rank_step,
     rank_steps,
 )
-from flare.producers.simulator.engine import SeqCounters, StepEngine, StepInputs, StepRecord
-from flare.producers.simulator.faults import HANG_FAMILIES, LINK_FAMILIES, FaultPlan, plan_fault
-from flare.producers.simulator.noise import NoiseDraw, NoiseSource
-from flare.producers.simulator.scenario import GroundTruth, Scenario
-from flare.producers.simulator.topology import Topology
-from flare.schemas.rankstep import RankStep
-from flare.schemas.wire import HeartbeatV1, JobV1, NodeInfo
-from flare.schemas.wire import Layout as WireLayout
+from producers.simulator.engine import SeqCounters, StepEngine, StepInputs, StepRecord
+from producers.simulator.faults import HANG_FAMILIES, LINK_FAMILIES, FaultPlan, plan_fault
+from producers.simulator.noise import NoiseDraw, NoiseSource
+from producers.simulator.scenario import GroundTruth, Scenario
+from producers.simulator.topology import Topology
+from schemas.frame import StepFrame
+from schemas.rankstep import RankStep
+from schemas.wire import HeartbeatV1, JobV1, NodeInfo
+from schemas.wire import Layout as WireLayout
 
 EPOCH_NS = 1_790_000_000 * 10**9  # true time 0 of every simulated job
 HEARTBEAT_PERIOD_NS = 1e9

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from flare.producers.simulator.scenario import Layout
-from flare.schemas.rankstep import COORD_DIMS
+from producers.simulator.scenario import Layout
+from schemas.rankstep import COORD_DIMS
 
 # Group kinds of an op slot; row `gtype` of `Topology.gid` gives every rank's group of a kind.
 G_NONE, G_TP, G_DP, G_EP, G_PP_NEXT, G_PP_PREV = range(6)

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from flare.streams.broker import TansuBroker, free_port, start_tansu
-from flare.streams.topics import ensure_topics
+from flare.local.broker import TansuBroker, free_port, start_tansu
+from streams.kafka.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 4

@@ -18,16 +18,16 @@ import orjson
 import pytest
 from aiokafka.partitioner import murmur2
 
+from flare.local.broker import TansuBroker
 from flare.offline import diagnose_messages, recording_messages
-from flare.producers.publisher import Publisher
-from flare.producers.recording import message_ts_ns
-from flare.producers.simulator import Fault, Scenario, layout_for_gpus, write_recording
-from flare.schemas.wire import DeadLetterV1, IncidentV1
-from flare.streams.broker import TansuBroker
-from flare.streams.clickhouse import connect
-from flare.streams.follow import Received, TopicFollower, read_until
-from flare.streams.queries import Queries
-from flare.streams.topics import DEADLETTER, INCIDENTS, JOBS, STEPS
+from producers.publisher import Publisher
+from producers.recording import message_ts_ns
+from producers.simulator import Fault, Scenario, layout_for_gpus, write_recording
+from schemas.topics import DEADLETTER, INCIDENTS, JOBS, STEPS
+from schemas.wire import DeadLetterV1, IncidentV1
+from storage.client import connect
+from storage.reader import Queries
+from streams.kafka.follow import Received, TopicFollower, read_until
 from tests.integration.conftest import CLI, PARTITIONS, ROOT, WorkerProcess, unique, wait_for
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flare.streams.broker import free_port, port_in_use
+from flare.local.broker import free_port, port_in_use
 from tests.integration.conftest import CLI, ROOT
 
 pytestmark = pytest.mark.integration

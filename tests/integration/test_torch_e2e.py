@@ -1,7 +1,7 @@
 """End to end, for real: gloo training with the hook → node daemon → tansu → worker → chDB → API.
 
 Four CPU ranks train a tiny transformer (DDP over the world plus tagged tp/dp subgroups and
-p2p, `tests.test_torch_gloo.train`) with the Flare hook on; the node daemon ships their
+p2p, `tests.integration.test_torch_gloo.train`) with the Flare hook on; the node daemon ships their
 steps and heartbeats to the session's tansu broker; a `flare worker` (embedded chDB, API in
 the same process) diagnoses the job; the test asks the API, as an operator would:
 - one rank slowed by extra compute in its forward → a `gpu` incident on that rank;
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from flare.streams.broker import TansuBroker
+from flare.local.broker import TansuBroker
 from tests.integration.conftest import WorkerProcess, unique, wait_for
 
 pytest.importorskip("torch")

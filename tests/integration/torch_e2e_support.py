@@ -1,11 +1,11 @@
 """Helpers of the torch end-to-end tests: a real node daemon on the real broker, and ranks.
 
-The ranks are `tests.test_torch_gloo.train` (a tiny transformer under DDP plus tagged tp/dp
-subgroups, with the Flare hook on); only the launcher is ours, because each end-to-end test
-needs its own job id (the worker of every test reads the whole topic, so a shared id would
-mix runs). The daemon is `run_agent` on a thread of the test process, publishing through
-the real Kafka publisher; a tap in front of the publisher records, per rank, the end of the
-newest step it shipped, which is how a test knows when a stopped rank stopped.
+The ranks are `tests.integration.test_torch_gloo.train` (a tiny transformer under DDP plus
+tagged tp/dp subgroups, with the Flare hook on); only the launcher is ours, because each end-
+to-end test needs its own job id (the worker of every test reads the whole topic, so a shared
+id would mix runs). The daemon is `run_agent` on a thread of the test process, publishing
+through the real Kafka publisher; a tap in front of the publisher records, per rank, the end of
+the newest step it shipped, which is how a test knows when a stopped rank stopped.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any
 
 import orjson
 
-from flare.producers.agent_daemon import STEPS_TOPIC, run_agent
-from flare.producers.publisher import Publisher
-from tests.test_torch_gloo import WORLD
-from tests.test_torch_gloo import launch_ranks as gloo_launch
+from producers.agent.daemon import STEPS_TOPIC, run_agent
+from producers.publisher import Publisher
+from tests.integration.test_torch_gloo import WORLD
+from tests.integration.test_torch_gloo import launch_ranks as gloo_launch
 
 __all__ = ["WORLD", "KafkaAgent", "StepTap", "launch_ranks", "run_to_end", "stop_all"]
 
@@ -116,7 +116,7 @@ class KafkaAgent:
 
 
 def launch_ranks(sock: Path, job: str, steps: int, **kw: Any) -> list[subprocess.Popen[bytes]]:
-    """Start the WORLD ranks of `tests.test_torch_gloo.train` as job `job` (hook on)."""
+    """Start the WORLD ranks of `tests.integration.test_torch_gloo.train` as job `job` (hook on)."""
     return gloo_launch(sock, steps, job=job, **kw)
 
 

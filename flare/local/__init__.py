@@ -1,0 +1,1 @@
+"""The local stack of `flare up` and the tests: the tansu broker launcher, process supervision."""

@@ -1,0 +1,1 @@
+"""The per-node agent daemon (`flare agent`): local ranks in, Kafka out."""

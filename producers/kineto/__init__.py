@@ -1,0 +1,1 @@
+"""Kineto (PyTorch profiler) traces replayed as wire-v1 events."""

@@ -1,0 +1,90 @@
+"""Kineto replay: PyTorch profiler traces (one JSON file per rank) → wire-v1 events.
+
+`flare replay --kineto DIR` calls `kineto_to_events` and publishes (or records) what it
+yields: first the job's `start` event, then every rank's steps messages in time order. Files
+may be gzipped; a folder stands for the trace files in it. The rank comes from the trace's
+`distributedInfo`, else from the file name (`rank3`, `rank-3`), else from the file's position.
+The node is the trace's `host_name`, else the host in tensorboard_trace_handler's file name
+(`<host>_<pid>.<ts>.pt.trace.json`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import heapq
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from producers.kineto.trace import KinetoError, RankTrace, parse_trace
+
+STEPS_TOPIC = "flare.steps.v1"
+JOBS_TOPIC = "flare.jobs.v1"
+_RANK_IN_NAME = re.compile(r"rank[_\-]?(\d+)", re.IGNORECASE)
+_TB_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
+_SUFFIXES = (".json", ".json.gz")
+
+Event = tuple[str, str, dict[str, Any], int]  # topic, key (the job id), value, ts_ns
+
+__all__ = ["Event", "KinetoError", "kineto_to_events", "load_trace", "trace_files"]
+
+
+def trace_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The trace files named by `paths` (folders expand to their *.json / *.json.gz)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out += sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(_SUFFIXES))
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise KinetoError(f"{p}: no such file or folder")
+    if not out:
+        raise KinetoError("no trace files (*.json, *.json.gz) found")
+    return out
+
+
+def _read(path: Path) -> Any:
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else \
+            path.read_bytes()
+        return orjson.loads(raw)
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise KinetoError(f"{path}: cannot read ({exc})") from None
+    except orjson.JSONDecodeError as exc:
+        raise KinetoError(f"{path}: not JSON ({exc})") from None
+
+
+def load_trace(path: Path, job: str, position: int) -> RankTrace:
+    """Parse one file; KinetoError names the file and the reason when it is unusable."""
+    doc = _read(path)
+    if not isinstance(doc, dict):
+        raise KinetoError(f"{path}: a Kineto trace is a JSON object with traceEvents")
+    m = _RANK_IN_NAME.search(path.name)
+    tb = _TB_NAME.match(path.name)
+    return parse_trace(doc, job, rank=int(m.group(1)) if m else position,
+                       node=tb.group("host") if tb else None, source=str(path))
+
+
+def kineto_to_events(paths: Iterable[str | Path], job: str) -> Iterator[Event]:
+    """The jobs start event, then all ranks' steps messages ordered by their end time.
+
+    Each file is parsed and dropped before the next one is read, so memory holds only the
+    (small) steps messages, not the traces.
+    """
+    files = trace_files(paths)
+    traces = [load_trace(f, job, i) for i, f in enumerate(files)]
+    ranks = [t.rank for t in traces]
+    dup = {r for r in ranks if ranks.count(r) > 1}
+    if dup:
+        raise KinetoError(f"several trace files claim rank(s) {sorted(dup)}")
+    world = max([t.world_size for t in traces] + [max(ranks) + 1])
+    t_first = min(m["t_start_ns"] for t in traces for m in t.steps)
+    yield (JOBS_TOPIC, job, {"v": 1, "job": job, "event": "start", "ts_ns": t_first,
+                             "world_size": world}, t_first)
+    streams = [[(m["t_end_ns"], t.rank, m["step"], m) for m in t.steps] for t in traces]
+    for ts, _rank, _step, msg in heapq.merge(*streams, key=lambda x: x[:3]):
+        yield (STEPS_TOPIC, job, msg, ts)

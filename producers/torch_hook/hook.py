@@ -1,0 +1,289 @@
+"""The rank hook: one call in a training script makes torch.distributed report to Flare.
+
+    from producers import torch_hook
+    hook = torch_hook.install()                 # or install_from_env(): only if FLARE_AGENT=1
+    hook.tag_group(tp_group, "tp")              # optional: name groups tp/dp/pp/ep/cp
+    hook.instrument_module(model)               # fwd/bwd phases from module hooks
+    ...                                         # steps end at optimizer.step() (or hook.step())
+
+What it records (DESIGN §3): every collective and p2p call (kind, name, group, per-group seq,
+start, duration until completion, input bytes), compute phases (module hooks, `phase()`), and
+step boundaries (the optimizer's step, or explicit `step()` calls, which then take over). Ops
+go to a per-rank op log; at step end the step is handed to a background sender that ships one
+wire-v1 message to the node daemon (`flare agent`) over a Unix socket, and about every second
+the rank's in-flight table. Nothing here blocks or raises into training: when the daemon is
+away, steps are dropped and counted (`hook.client.stats`).
+
+One hook per process (torch.distributed is process-global), which is why the module keeps the
+active hook: `step()` / `phase()` at module level reach it from anywhere in a script.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from producers.torch_hook.buffer import COMPUTE, OpLog, RankMeta, Row
+from producers.torch_hook.client import AgentClient
+from producers.torch_hook.groups import GroupRegistry
+from producers.torch_hook.patch import HookStats, Patcher
+from producers.torch_hook.wire import default_socket_path
+
+_active: FlareHook | None = None
+
+
+class HookSettings(BaseSettings):
+    """Environment of the hook inside a training process (read once, at `install`).
+
+    Separate from `flare.settings.Settings` because a trainer needs none of the broker or
+    database settings, only how to reach its node's daemon and who it is.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FLARE_", extra="ignore",
+                                      populate_by_name=True)
+
+    agent: bool = Field(False, description="FLARE_AGENT=1 turns the hook on (install_from_env)")
+    job: str = Field("", validation_alias=AliasChoices("FLARE_JOB", "TORCHELASTIC_RUN_ID"),
+                     description="job id, equal on every rank")
+    node: str = Field("", description="node name; default: the host name")
+    agent_socket: str = Field("", description="Unix socket of the node daemon")
+    agent_interval_s: float = Field(1.0, description="period of the in-flight table")
+    local_rank: int | None = Field(None, validation_alias=AliasChoices("FLARE_LOCAL_RANK",
+                                                                       "LOCAL_RANK"))
+
+    def resolved_job(self) -> str:
+        return self.job if self.job and self.job != "none" else "torch-job"
+
+
+class FlareHook:
+    """All hook state of one process: op log, groups, patches, sender."""
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        node: str,
+        socket_path: Path | str,
+        interval_s: float = 1.0,
+        local_rank: int | None = None,
+        step_on_optimizer: bool = True,
+        clock: Callable[[], int] = time.time_ns,
+        dist: Any = None,
+    ) -> None:
+        if dist is None:
+            import torch.distributed as dist
+        self.dist = dist
+        self.job = job
+        self.node = node
+        self.local_rank = local_rank
+        self.step_on_optimizer = step_on_optimizer
+        self.explicit_steps = False
+        self.log = OpLog(clock)
+        self.groups = GroupRegistry(dist)
+        self.stats = HookStats()
+        self.patcher = Patcher(dist, self.log, self.groups, self.stats)
+        self.client = AgentClient(socket_path, self.meta, self.log.inflight,
+                                  interval_s=interval_s, clock=clock)
+        self._coords: dict[str, int] = {}
+        self._handles: list[Any] = []
+        self._meta: RankMeta | None = None
+        self._opt_rows: dict[int, Row] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def install(self) -> FlareHook:
+        import torch.optim.optimizer as optim
+
+        self.patcher.install()
+        self._handles.append(optim.register_optimizer_step_pre_hook(self._opt_pre))
+        self._handles.append(optim.register_optimizer_step_post_hook(self._opt_post))
+        self.client.start()
+        return self
+
+    def uninstall(self, timeout_s: float = 2.0) -> None:
+        """Restore torch.distributed, send what is queued, close the socket."""
+        global _active
+        if _active is self:
+            _active = None
+        self.patcher.uninstall()
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self.client.close(timeout_s)
+
+    def meta(self) -> RankMeta | None:
+        """Who this rank is; None until torch.distributed is initialised (or RANK is set)."""
+        if self._meta is None:
+            if self.dist.is_available() and self.dist.is_initialized():
+                rank, world = int(self.dist.get_rank()), int(self.dist.get_world_size())
+            else:
+                return None
+            local = self.local_rank if self.local_rank is not None else rank
+            self._meta = RankMeta(self.job, rank, self.node, local, world)
+        self._meta.coords = {**self.groups.coords, **self._coords}
+        return self._meta
+
+    # -- user API --------------------------------------------------------------------------
+    def step(self) -> None:
+        """End the current training step (from now on, the optimizer no longer does)."""
+        self.explicit_steps = True
+        self._cut()
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time a compute phase: `with hook.phase("fwd"): ...`."""
+        row = self.log.begin(COMPUTE, name, "", -1, 0)
+        try:
+            yield
+        finally:
+            self.log.end(row)
+
+    def tag_group(self, pg: Any, kind: str, index: int | str | None = None) -> str:
+        """Name a process group `<kind>.<index>` (kind: tp, dp, pp, ep, cp); returns the name."""
+        return self.groups.tag(pg, kind, index)
+
+    def set_coords(self, **coords: int) -> None:
+        """Say the rank's position (tp=, pp=, dp=, ep=, cp=) when tagging cannot tell it."""
+        self._coords.update({k: int(v) for k, v in coords.items()})
+
+    def instrument_module(self, module: Any) -> None:
+        """Time `module`'s forward ("fwd") and the backward pass through it ("bwd")."""
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        log, stats = self.log, self.stats
+        state: dict[str, Row] = {}
+        engine = torch.autograd.Variable._execution_engine
+
+        def bwd_end() -> None:
+            row = state.pop("bwd", None)
+            if row is not None:
+                log.end(row)
+
+        def bwd_start(_grad: Any) -> None:
+            try:
+                if "bwd" not in state:
+                    state["bwd"] = log.begin(COMPUTE, "bwd", "", -1, 0)
+                    engine.queue_callback(bwd_end)
+            except Exception as exc:
+                stats.error(exc)
+
+        def pre(_mod: Any, _inputs: Any) -> None:
+            try:
+                state["fwd"] = log.begin(COMPUTE, "fwd", "", -1, 0)
+            except Exception as exc:
+                stats.error(exc)
+
+        def post(_mod: Any, _inputs: Any, output: Any) -> None:
+            try:
+                row = state.pop("fwd", None)
+                if row is not None:
+                    log.end(row)
+                if torch.is_grad_enabled():
+                    for leaf in tree_leaves(output):
+                        if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                            leaf.register_hook(bwd_start)
+                            break
+            except Exception as exc:
+                stats.error(exc)
+
+        self._handles.append(module.register_forward_pre_hook(pre))
+        self._handles.append(module.register_forward_hook(post))
+
+    def instrument_ddp(self, ddp_model: Any) -> None:
+        """Route DDP's gradient all-reduces through torch.distributed.all_reduce (timed).
+
+        DDP's reducer calls the process group from C++, past any Python wrapper; its default
+        comm hook, registered explicitly, does the same all-reduce through the Python API.
+        """
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp_model.register_comm_hook(None, default_hooks.allreduce_hook)
+
+    # -- internals -------------------------------------------------------------------------
+    def _cut(self) -> None:
+        try:
+            self.client.submit(self.log.cut())
+        except Exception as exc:
+            self.stats.error(exc)
+
+    def _opt_pre(self, opt: Any, _args: Any, _kwargs: Any) -> None:
+        try:
+            self._opt_rows[id(opt)] = self.log.begin(COMPUTE, "optimizer", "", -1, 0)
+        except Exception as exc:
+            self.stats.error(exc)
+
+    def _opt_post(self, opt: Any, _args: Any, _kwargs: Any) -> None:
+        row = self._opt_rows.pop(id(opt), None)
+        if row is not None:
+            self.log.end(row)
+        if self.step_on_optimizer and not self.explicit_steps:
+            self._cut()
+
+
+def install(settings: HookSettings | None = None, **overrides: Any) -> FlareHook:
+    """Instrument torch.distributed in this process (idempotent); returns the hook.
+
+    `overrides` are FlareHook arguments (job, node, socket_path, interval_s, ...) that win
+    over the environment.
+    """
+    global _active
+    if _active is not None:
+        return _active
+    s = settings or HookSettings()
+    kwargs: dict[str, Any] = {
+        "job": s.resolved_job(),
+        "node": s.node or socket.gethostname(),
+        "socket_path": s.agent_socket or default_socket_path(),
+        "interval_s": s.agent_interval_s,
+        "local_rank": s.local_rank,
+    }
+    kwargs.update(overrides)
+    hook = FlareHook(**kwargs).install()
+    _active = hook
+    atexit.register(_close_at_exit, hook)
+    return hook
+
+
+def install_from_env(settings: HookSettings | None = None) -> FlareHook | None:
+    """`install()` when FLARE_AGENT=1 is set (the torchrun way), else do nothing."""
+    s = settings or HookSettings()
+    return install(s) if s.agent else None
+
+
+def uninstall() -> None:
+    """Uninstall the active hook, if any."""
+    if _active is not None:
+        _active.uninstall()
+
+
+def active() -> FlareHook | None:
+    return _active
+
+
+def step() -> None:
+    """End the training step of the active hook (no-op without one)."""
+    if _active is not None:
+        _active.step()
+
+
+def phase(name: str) -> contextlib.AbstractContextManager[None]:
+    """Time a compute phase on the active hook (a no-op context without one)."""
+    return _active.phase(name) if _active is not None else contextlib.nullcontext()
+
+
+def _close_at_exit(hook: FlareHook) -> None:
+    if hook is _active:
+        with contextlib.suppress(Exception):
+            hook.client.close(1.0)
+
+
+__all__ = ["FlareHook", "HookSettings", "active", "install", "install_from_env", "phase",
+           "step", "uninstall"]

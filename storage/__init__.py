@@ -1,0 +1,1 @@
+"""The ClickHouse seam: client, migrations, writer, reader, and an in-memory fake."""

@@ -1,0 +1,240 @@
+"""The read side of Flare's ClickHouse tables, as used by the API (and anyone scripting).
+
+Every read of a ReplacingMergeTree table uses FINAL, so an answer counts each step, rank and
+incident once even while re-delivered duplicates wait for a background merge. Results are
+plain dicts and lists; the API's models shape them. Float32 columns come back rounded to 6
+decimals (µs for seconds) rather than as float32 noise. Parameters are bound by ClickHouse
+(`{name:Type}`), never spliced into SQL; only validated integers (limits) are formatted in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from storage.client import ClickHouse
+
+RankSort = Literal["rank", "caused_wait", "compute_ratio", "gap"]
+_RANK_ORDER: dict[str, str] = {
+    "rank": "rank",
+    "caused_wait": "caused_wait_s DESC, rank",
+    "compute_ratio": "compute_ratio, rank",
+    "gap": "gap_s DESC, rank",
+}
+_INCIDENT_COLUMNS = """id, job, status, kind, culprit, suspect_entities, suspect_confidences,
+    onset_step, opened_step, toUnixTimestamp64Nano(opened_ts) AS opened_ts_ns, last_step,
+    resolved_step, slowdown, lost_gpu_seconds, evidence_steps, summary"""
+_STEP_COLUMNS = """step, toUnixTimestamp64Nano(ts) AS ts_ns, step_time_s, baseline_s, delta,
+    irregular, level_shift, n_ranks, n_missing, n_detections"""
+
+
+def _int(value: int) -> int:
+    """An integer safe to format into SQL (LIMIT, OFFSET): refuses anything else."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _incident(row: dict[str, Any]) -> dict[str, Any]:
+    """A stored incident row back in the shape of Incident v1."""
+    entities = row.pop("suspect_entities")
+    confidences = row.pop("suspect_confidences")
+    row["suspects"] = [
+        {"entity": e, "confidence": c} for e, c in zip(entities, confidences, strict=False)
+    ]
+    return {"v": 1, **row}
+
+
+class Queries:
+    """Read-only questions about jobs, steps, ranks and incidents."""
+
+    def __init__(self, db: ClickHouse) -> None:
+        self.db = db
+
+    def ping(self) -> bool:
+        return self.db.ping()
+
+    # -- incidents ---------------------------------------------------------------------------
+
+    def incidents(
+        self,
+        *,
+        job: str | None = None,
+        status: str | None = None,
+        kind: str | None = None,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        before: tuple[int, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Incidents, newest opening first (ties by id); the time window is on the opening
+        time [since, until). `before` = (opened_ts_ns, id) of the last item of a previous page
+        (keyset pagination: stable while new incidents arrive)."""
+        where: list[str] = []
+        params: dict[str, Any] = {}
+        for name, value in (("job", job), ("status", status), ("kind", kind)):
+            if value is not None:
+                where.append(f"{name} = {{{name}:String}}")
+                params[name] = value
+        if since_ns is not None:
+            where.append("opened_ts >= fromUnixTimestamp64Nano({since:Int64}, 'UTC')")
+            params["since"] = since_ns
+        if until_ns is not None:
+            where.append("opened_ts < fromUnixTimestamp64Nano({until:Int64}, 'UTC')")
+            params["until"] = until_ns
+        if before is not None:
+            where.append("(toUnixTimestamp64Nano(opened_ts), id) < ({b_ts:Int64}, {b_id:String})")
+            params["b_ts"], params["b_id"] = before
+        sql = (
+            f"SELECT {_INCIDENT_COLUMNS} FROM {self.db.table('incidents')} FINAL"
+            f" WHERE {' AND '.join(where) or '1'}"
+            f" ORDER BY opened_ts DESC, id DESC LIMIT {_int(limit)} OFFSET {_int(offset)}"
+        )
+        return [_incident(r) for r in self.db.rows(sql, params)]
+
+    def incident(self, incident_id: str) -> dict[str, Any] | None:
+        """The newest state of one incident, or None."""
+        rows = self.db.rows(
+            f"SELECT {_INCIDENT_COLUMNS} FROM {self.db.table('incidents')} FINAL"
+            " WHERE id = {id:String} LIMIT 1",
+            {"id": incident_id},
+        )
+        return _incident(rows[0]) if rows else None
+
+    def detections(
+        self, job: str, entity: str, from_step: int, to_step: int, limit: int = 10_000
+    ) -> list[dict[str, Any]]:
+        """One suspect's per-step evidence over a step range (an incident's culprit)."""
+        return self.db.rows(
+            "SELECT step, kind, round(toFloat64(score), 6) AS score,"
+            " round(toFloat64(excess_s), 6) AS excess_s"
+            f" FROM {self.db.table('detections')} FINAL"
+            " WHERE job = {job:String} AND entity = {entity:String}"
+            " AND step >= {lo:UInt64} AND step <= {hi:UInt64}"
+            f" ORDER BY step, kind LIMIT {_int(limit)}",
+            {"job": job, "entity": entity, "lo": from_step, "hi": to_step},
+        )
+
+    # -- jobs and steps ----------------------------------------------------------------------
+
+    def _job_summaries(self, where: str, params: dict[str, Any], tail: str) -> list[dict]:
+        rows = self.db.rows(
+            "SELECT job, count() AS steps, max(step) AS last_step,"
+            " argMax(toUnixTimestamp64Nano(ts), step) AS last_ts_ns,"
+            " argMax(step_time_s, step) AS step_time_s, argMax(baseline_s, step) AS baseline_s,"
+            " argMax(delta, step) AS delta, argMax(irregular, step) AS irregular,"
+            " argMax(n_ranks, step) AS n_ranks"
+            f" FROM {self.db.table('job_steps')} FINAL WHERE {where} GROUP BY job {tail}",
+            params,
+        )
+        if not rows:
+            return rows
+        counts = {
+            r["job"]: r
+            for r in self.db.rows(
+                "SELECT job, countIf(status = 'open') AS open_incidents, count() AS incidents"
+                f" FROM {self.db.table('incidents')} FINAL"
+                " WHERE job IN {jobs:Array(String)} GROUP BY job",
+                {"jobs": [r["job"] for r in rows]},
+            )
+        }
+        for r in rows:
+            c = counts.get(r["job"], {})
+            r["open_incidents"] = c.get("open_incidents", 0)
+            r["incidents"] = c.get("incidents", 0)
+        return rows
+
+    def jobs(self, *, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+        """Every job with steps stored: its newest step, step time, δ and incident counts."""
+        return self._job_summaries(
+            "1", {}, f"ORDER BY job LIMIT {_int(limit)} OFFSET {_int(offset)}"
+        )
+
+    def job(self, job: str) -> dict[str, Any] | None:
+        """One job's summary, or None when no step of it is stored."""
+        rows = self._job_summaries("job = {job:String}", {"job": job}, "")
+        return rows[0] if rows else None
+
+    def last_step(self, job: str) -> int | None:
+        """The newest stored step of a job, or None for an unknown job (no FINAL needed:
+        duplicates do not change a maximum)."""
+        rows = self.db.rows(
+            f"SELECT count() AS n, max(step) AS last FROM {self.db.table('job_steps')}"
+            " WHERE job = {job:String}",
+            {"job": job},
+        )
+        return int(rows[0]["last"]) if rows and rows[0]["n"] else None
+
+    def steps(
+        self,
+        job: str,
+        *,
+        from_step: int | None = None,
+        to_step: int | None = None,
+        limit: int = 1000,
+        stride: int = 1,
+        irregular: list[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """A job's step series in step order. Without `from_step` it is the newest `limit`
+        steps up to `to_step`; `stride` keeps every stride-th step counted from `from_step`
+        (long incidents' evidence); `irregular` keeps only those classes."""
+        where = ["job = {job:String}"]
+        params: dict[str, Any] = {"job": job}
+        if from_step is not None:
+            where.append("step >= {lo:UInt64}")
+            params["lo"] = from_step
+        if to_step is not None:
+            where.append("step <= {hi:UInt64}")
+            params["hi"] = to_step
+        if stride > 1:
+            where.append(f"(step - {{lo:UInt64}}) % {_int(stride)} = 0")
+            params.setdefault("lo", 0)
+        if irregular:
+            where.append("irregular IN {irr:Array(String)}")
+            params["irr"] = irregular
+        order = "ASC" if from_step is not None else "DESC"
+        rows = self.db.rows(
+            f"SELECT {_STEP_COLUMNS} FROM {self.db.table('job_steps')} FINAL"
+            f" WHERE {' AND '.join(where)} ORDER BY step {order} LIMIT {_int(limit)}",
+            params,
+        )
+        return rows if from_step is not None else rows[::-1]
+
+    # -- ranks -------------------------------------------------------------------------------
+
+    def rank_scores(
+        self,
+        job: str,
+        from_step: int,
+        to_step: int,
+        *,
+        sort: RankSort = "rank",
+        limit: int = 10_000,
+    ) -> list[dict[str, Any]]:
+        """Per-rank figures averaged over steps [from_step, to_step]: compute ratio vs peers,
+        idle gap (host), wait and caused wait (how much this rank made its peers wait)."""
+        return self.db.rows(
+            "SELECT r.rank AS rank, any(r.node) AS node, count() AS steps,"
+            " round(avg(r.step_s), 6) AS step_s, round(avg(r.compute_s), 6) AS compute_s,"
+            " round(avg(r.comm_s), 6) AS comm_s, round(avg(r.gap_s), 6) AS gap_s,"
+            " round(avg(r.wait_s), 6) AS wait_s, round(avg(r.caused_wait_s), 6) AS caused_wait_s,"
+            " round(sum(r.caused_wait_s), 6) AS caused_wait_total_s,"
+            " round(avg(r.compute_ratio), 6) AS compute_ratio,"
+            " round(min(r.compute_ratio), 6) AS min_compute_ratio"
+            f" FROM {self.db.table('rank_steps')} AS r FINAL"
+            " WHERE r.job = {job:String} AND r.step >= {lo:UInt64} AND r.step <= {hi:UInt64}"
+            f" GROUP BY rank ORDER BY {_RANK_ORDER[sort]} LIMIT {_int(limit)}",
+            {"job": job, "lo": from_step, "hi": to_step},
+        )
+
+    # -- dead letters ------------------------------------------------------------------------
+
+    def dead_letters(self, *, topic: str | None = None, limit: int = 100) -> list[dict]:
+        """Stored dead letters, newest offsets first (for operators and tests)."""
+        where, params = ("topic = {topic:String}", {"topic": topic}) if topic else ("1", {})
+        return self.db.rows(
+            "SELECT topic, partition, offset, reason, payload_b64"
+            f" FROM {self.db.table('dead_letters')} FINAL WHERE {where}"
+            f" ORDER BY topic, partition, offset DESC LIMIT {_int(limit)}",
+            params,
+        )

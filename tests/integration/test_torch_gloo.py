@@ -1,0 +1,264 @@
+"""Real torch.distributed (gloo) training, 4 processes, through the hook and the node daemon.
+
+The daemon runs in the test process with the in-memory publisher; each rank is a
+subprocess (so a hung rank can be killed). What reaches the publisher is decoded with the
+worker's own decoders and checked: a rank slowed in its forward shows longer compute and
+makes its peers wait in the gradient all-reduce; a rank that stops leaves its peers'
+heartbeats showing a collective in flight since the stop; a healthy run has no outlier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from producers.agent.daemon import (
+    HEARTBEATS_TOPIC,
+    JOBS_TOPIC,
+    STEPS_TOPIC,
+    AgentCore,
+    AgentDaemon,
+    MemoryPublisher,
+    Outbox,
+)
+from schemas.decode import decode_heartbeat, decode_job, decode_steps
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+REPO = Path(__file__).resolve().parents[2]
+WORLD = 4
+
+
+def train(rank: int, world: int, port: int, steps: int, slow_rank: int, slow_s: float,
+          stop_rank: int, stop_step: int) -> None:
+    """One rank of a tiny transformer trained with DDP plus tagged tp/dp subgroups."""
+    import torch
+    import torch.distributed as dist
+
+    from producers import torch_hook
+
+    hook = torch_hook.install()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    torch.manual_seed(0)
+    tp_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    dp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    tp = tp_groups[rank // 2]
+    dp = dp_groups[rank % 2]
+    hook.tag_group(tp, "tp", rank // 2)
+    hook.tag_group(dp, "dp", rank % 2)
+
+    layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64,
+                                             batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=2),
+                                torch.nn.Linear(32, 8))
+    if rank == slow_rank:
+        def slow_forward(_mod, _inp):
+            end = time.perf_counter() + slow_s
+            a = torch.randn(64, 64)
+            while time.perf_counter() < end:
+                a = torch.tanh(a @ a)
+        model[0].register_forward_pre_hook(slow_forward)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    hook.instrument_ddp(ddp)
+    hook.instrument_module(ddp)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x = torch.randn(8, 16, 32)
+    for step in range(steps):
+        if rank == stop_rank and step == stop_step:
+            time.sleep(3600)  # "stops inside training": the test kills it
+        loss = ddp(x).pow(2).mean()
+        loss.backward()
+        scale = loss.detach().reshape(1)
+        dist.all_reduce(scale, group=tp)  # a tp collective every step
+        peer = rank ^ 1
+        buf = torch.zeros(4)
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(4), peer, group=tp),
+                                       dist.P2POp(dist.irecv, buf, peer, group=tp)])
+        for r in reqs:
+            r.wait()
+        if rank % 2 == 0:  # blocking p2p on the default group, in a deadlock-free order
+            dist.send(torch.ones(2), peer)
+            dist.recv(buf[:2], peer)
+        else:
+            dist.recv(buf[:2], peer)
+            dist.send(torch.ones(2), peer)
+        opt.step()
+        opt.zero_grad()
+    dist.barrier()
+    torch_hook.uninstall()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class DaemonThread:
+    """The node daemon on its own event loop, publishing into memory."""
+
+    def __init__(self, sock: Path, interval_s: float) -> None:
+        self.publisher = MemoryPublisher()
+        self.daemon = AgentDaemon(AgentCore("node-test"), Outbox(self.publisher, flush_every_s=0.2),
+                                  sock, interval_s=interval_s)
+        self.loop = asyncio.new_event_loop()
+        self.stop = asyncio.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.loop.run_until_complete(self.daemon.serve(self.stop))
+
+    def __enter__(self) -> DaemonThread:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.daemon.socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(15)
+
+
+def launch_ranks(sock: Path, steps: int, *, job: str = "gloo-test", node: str = "node-test",
+                 interval_s: float = 0.2, slow_rank: int = -1, slow_s: float = 0.0,
+                 stop_rank: int = -1, stop_step: int = -1) -> list[subprocess.Popen]:
+    """Start the WORLD ranks of `train` as job `job` on node `node`, hook on."""
+    port = _free_port()
+    env = dict(os.environ, FLARE_AGENT_SOCKET=str(sock), FLARE_JOB=job, FLARE_NODE=node,
+               FLARE_AGENT_INTERVAL_S=str(interval_s), OMP_NUM_THREADS="1",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = []
+    for rank in range(WORLD):
+        code = (f"from tests.integration.test_torch_gloo import train; "
+                f"train({rank}, {WORLD}, {port}, {steps}, {slow_rank}, {slow_s}, "
+                f"{stop_rank}, {stop_step})")
+        procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=REPO,
+                                      env=dict(env, LOCAL_RANK=str(rank))))
+    return procs
+
+
+@pytest.fixture
+def sock():
+    d = Path(tempfile.mkdtemp(prefix="flare-", dir="/tmp"))
+    yield d / "agent.sock"
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _steps_by_rank(pub: MemoryPublisher):
+    out = defaultdict(list)
+    for topic, key, value in pub.messages:
+        if topic == STEPS_TOPIC:
+            assert key == b"gloo-test"
+            m = decode_steps(value)
+            out[m.rank].append(m)
+    return out
+
+
+def _run_to_end(procs: list[subprocess.Popen], timeout: float = 90) -> None:
+    try:
+        for p in procs:
+            assert p.wait(timeout) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def _phase(ms, name: str) -> np.ndarray:
+    """Per-step total duration (s) of the ops named `name` of one rank's steps."""
+    return np.array([m.dur_ns[[n == name for n in m.name]].sum() / 1e9 for m in ms])
+
+
+def test_slowed_rank_computes_longer_and_peers_wait(sock):
+    steps = 8
+    with DaemonThread(sock, 0.2) as d:
+        _run_to_end(launch_ranks(sock, steps, slow_rank=2, slow_s=0.15))
+    by_rank = _steps_by_rank(d.publisher)
+    assert sorted(by_rank) == list(range(WORLD))
+    for rank, ms in by_rank.items():
+        assert [m.step for m in ms] == list(range(steps))
+        m = ms[-1]
+        assert m.node == "node-test" and m.local_rank == rank
+        assert m.coords == {"tp": rank % 2, "dp": rank // 2}
+        names = set(m.name)
+        assert {"fwd", "bwd", "optimizer", "all_reduce", "send", "recv"} <= names
+        groups = set(m.group)
+        assert f"tp.{rank // 2}" in groups and "world.0" in groups
+    # Skip warm-up steps; compare medians.
+    fwd = {r: float(np.median(_phase(ms[2:], "fwd"))) for r, ms in by_rank.items()}
+    ar = {r: float(np.median(_phase(ms[2:], "all_reduce"))) for r, ms in by_rank.items()}
+    others = [r for r in range(WORLD) if r != 2]
+    assert fwd[2] > 0.1 and all(fwd[2] > 3 * fwd[r] for r in others), fwd
+    assert all(ar[r] > ar[2] + 0.05 for r in others), ar  # peers wait for rank 2
+    # Both ends of a transfer share group and seq.
+    def ends(rank: int, name: str) -> set[tuple[str, int]]:
+        return {(g, int(q)) for m in by_rank[rank]
+                for n, g, q in zip(m.name, m.group, m.seq, strict=True) if n == name}
+
+    sends, recvs = ends(0, "send"), ends(1, "recv")
+    assert sends == recvs
+    assert {g for g, _s in sends} == {"tp.0.0-1", "world.0.0-1"}
+    assert len(sends) == 2 * steps
+    jobs = [decode_job(v) for t, _k, v in d.publisher.messages if t == JOBS_TOPIC]
+    assert [j.event for j in jobs] == ["start", "end"] and jobs[0].world_size == WORLD
+    for t, _k, v in d.publisher.messages:
+        if t == HEARTBEATS_TOPIC:
+            decode_heartbeat(v)
+
+
+def test_stopped_rank_leaves_peers_blocked_in_flight(sock):
+    with DaemonThread(sock, 0.2) as d:
+        procs = launch_ranks(sock, 50, stop_rank=1, stop_step=3)
+        try:
+            deadline = time.monotonic() + 60
+            blocked: dict[int, object] = {}
+            last: dict = {}
+
+            def stopped_seen() -> bool:
+                # alive with nothing in flight, the stopped rank is published at its
+                # keepalive (5 s): wait for the heartbeat that shows the step it stopped in
+                return 1 in last and last[1].step == 3
+
+            while time.monotonic() < deadline and (len(blocked) < WORLD - 1
+                                                   or not stopped_seen()):
+                time.sleep(0.2)
+                last = {}
+                for t, _k, v in d.publisher.messages:
+                    if t == HEARTBEATS_TOPIC:
+                        hb = decode_heartbeat(v)
+                        last[hb.rank] = hb
+                blocked = {r: hb for r, hb in last.items()
+                           if hb.inflight and hb.ts_ns - hb.inflight[0].start_ns > 2e9}
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+    assert sorted(blocked) == [0, 2, 3], blocked
+    assert last[1].inflight == [] and last[1].step == 3
+    for r in (0, 2, 3):
+        assert last[r].step == 3
+        assert last[r].inflight[0].name in {"all_reduce", "recv", "send"}
+
+
+def test_healthy_run_has_no_compute_outlier(sock):
+    with DaemonThread(sock, 0.2) as d:
+        _run_to_end(launch_ranks(sock, 6))
+    by_rank = _steps_by_rank(d.publisher)
+    fwd = np.array([np.median(_phase(ms[2:], "fwd")) for _r, ms in sorted(by_rank.items())])
+    assert fwd.max() < 3 * np.median(fwd) + 0.02, fwd

@@ -1,0 +1,102 @@
+"""Hangs from heartbeats: the member missing from a stuck collective is the culprit."""
+
+import numpy as np
+
+from detectors.hang import HangDetector
+from schemas.wire import HeartbeatV1, InflightOp
+
+S = 1_000_000_000
+
+
+def hb(rank: int, ts_s: float, inflight=(), step: int = 7) -> HeartbeatV1:
+    return HeartbeatV1(
+        v=1,
+        job="j",
+        rank=rank,
+        node=f"n{rank // 2}",
+        ts_ns=int(ts_s * S),
+        step=step,
+        inflight=[
+            InflightOp(group=g, name=n, seq=q, start_ns=int(t * S)) for g, n, q, t in inflight
+        ],
+    )
+
+
+def test_rank_missing_from_stuck_collective_is_named_following_waits_for_chain():
+    d = HangDetector(timeout_s=10)
+    d.learn_members("tp.0", {0, 1, 2, 3})
+    d.learn_members("dp.0", {0, 4})
+    for t in range(0, 30):
+        d.observe(hb(0, t, [("tp.0", "all_reduce", 40, 1.0)]))
+        d.observe(hb(1, t, [("tp.0", "all_reduce", 40, 1.0)]))
+        d.observe(hb(3, t, [("tp.0", "all_reduce", 40, 1.2)]))
+        d.observe(hb(2, t))  # alive, computing forever
+        d.observe(hb(4, t, [("dp.0", "all_reduce", 9, 2.0)]))  # waits for rank 0 in dp
+    assert d.check(int(5 * S)) is None  # not yet past the timeout
+    f = d.check(int(20 * S))
+    assert f is not None
+    assert f.culprit == "rank:2"
+    assert f.onset_step == 7
+    assert "rank 2" in f.summary and "tp.0" in f.summary
+
+
+def test_all_members_in_flight_is_a_communication_hang():
+    d = HangDetector(timeout_s=5)
+    d.learn_members("dp.3", {0, 1})
+    for t in range(12):
+        d.observe(hb(0, t, [("dp.3", "reduce_scatter", 5, 0.5)]))
+        d.observe(hb(1, t, [("dp.3", "reduce_scatter", 5, 0.7)]))
+    f = d.check(int(12 * S))
+    assert f is not None and f.culprit == "group:dp.3"
+
+
+def test_ops_that_finish_in_time_are_no_hang():
+    d = HangDetector(timeout_s=5)
+    d.learn_members("tp.0", {0, 1})
+    for t in range(20):
+        d.observe(hb(0, t, [("tp.0", "all_reduce", t, t - 0.1)]))
+        d.observe(hb(1, t, [("tp.0", "all_reduce", t, t - 0.2)]))
+    assert d.check(int(20 * S)) is None
+
+
+def test_a_recv_that_crosses_the_timeout_first_does_not_steal_the_blame():
+    """A pp recv started just before a dp collective hung: it is stuck first, but its peer is
+    itself inside the hung collective. The full group is the answer once it crosses too."""
+    d = HangDetector(timeout_s=10)
+    d.learn_members("dp.0", {0, 1})
+    d.learn_members("pp.0", {1, 2})
+    for t in range(25):
+        d.observe(hb(0, t, [("dp.0", "all_reduce", 3, 1.5)]))
+        d.observe(hb(1, t, [("dp.0", "all_reduce", 3, 1.5)]))
+        d.observe(hb(2, t, [("pp.0", "recv", 8, 1.0)]))  # waits for rank 1, busy in dp.0
+    assert d.check(int(11.2 * S)) is None  # only the recv is past the timeout: wait
+    f = d.check(int(12.5 * S))
+    assert f is not None and f.culprit == "group:dp.0"
+
+
+def test_a_partial_group_is_blamed_when_no_full_one_ever_appears():
+    d = HangDetector(timeout_s=5)
+    d.learn_members("pp.0", {0, 1})
+    d.learn_members("pp.1", {1, 0})
+    for t in range(20):  # a p2p deadlock: each waits in a different group
+        d.observe(hb(0, t, [("pp.0", "send", 4, 1.0)]))
+        d.observe(hb(1, t, [("pp.1", "send", 6, 1.0)]))
+    assert d.check(int(8 * S)) is None
+    f = d.check(int(12 * S))
+    assert f is not None and f.culprit in ("group:pp.0", "group:pp.1")
+
+
+def test_an_idle_stopped_rank_is_placed_in_the_step_after_its_last_finished_one():
+    # rank 1's newest heartbeat (a keepalive, before it finished step 7) still says step 7;
+    # its step message for 7 was read since: it stopped in step 8, where its peers wait
+    d = HangDetector(timeout_s=10)
+    d.learn_members("tp.0", {0, 1})
+    d.observe(hb(1, 0, step=7))
+    d.steps_done(np.array([0, 1]), 7)
+    for t in range(1, 15):
+        d.observe(hb(0, t, [("tp.0", "all_reduce", 80, 1.0)], step=8))
+    f = d.check(int(14 * S))
+    assert f is not None and f.culprit == "rank:1"
+    assert f.onset_step == 8 and "stopped in step 8" in f.summary, f.summary
+    d.steps_done(np.array([3]), 2)  # a rank never seen before grows the table
+    assert d.done.tolist() == [7, 7, -1, 2]

@@ -1,0 +1,63 @@
+"""NoiseMemory: the σ each per-step value is measured against."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.segments import robust_sigma
+from detectors.suspects import SMALL_GROUP, NoiseMemory
+
+
+def _feed(mem: NoiseMemory, rng: np.random.Generator, n: int, shift: float,
+          steps: int = 10) -> np.ndarray:
+    ids = np.arange(n)
+    s = np.zeros(n)
+    for _ in range(steps):
+        v = rng.normal(0.0, 0.3, n)
+        v[0] += shift
+        s = mem.sigma_each("gpu", v, ids, 0.004)
+    return s
+
+
+def _pooled(mem: NoiseMemory) -> float:
+    return robust_sigma(np.concatenate([v for v, _ in mem._hist["gpu"]]), 0.004)
+
+
+def test_in_a_small_group_an_outlier_is_measured_against_its_peers_only():
+    inflation = []
+    for seed in range(10):
+        mem = NoiseMemory()
+        s = _feed(mem, np.random.default_rng(seed), 4, 2.0)
+        inflation.append(_pooled(mem) / s[0])
+        assert 2.0 / s[0] > 5, s  # its peers' spread: clearly significant
+    # the outlier's quarter of the pool widens the pooled σ it would otherwise be judged by
+    assert min(inflation) > 1.0 and float(np.median(inflation)) > 1.4, inflation
+
+
+def test_in_a_clean_small_group_leaving_one_out_does_not_shrink_sigma():
+    ratios = []
+    for seed in range(50):
+        mem = NoiseMemory()
+        s = _feed(mem, np.random.default_rng(seed), 4, 0.0)
+        ratios.extend(s / _pooled(mem))
+    assert 0.9 < float(np.median(ratios)) < 1.15, np.median(ratios)
+
+
+def test_a_large_group_uses_the_whole_pool():
+    rng = np.random.default_rng(0)
+    mem = NoiseMemory()
+    s = _feed(mem, rng, SMALL_GROUP + 1, 2.0)
+    assert np.all(s == _pooled(mem))
+
+
+def test_a_value_without_enough_others_falls_back_to_the_pool():
+    mem = NoiseMemory()
+    s = mem.sigma_each("gpu", np.array([0.1, -0.1, 0.5]), np.array([0, 1, 2]), 0.004)
+    assert np.all(s == robust_sigma(np.array([0.1, -0.1, 0.5]) - 0.1, 0.004))
+
+
+def test_missing_values_are_left_out_and_get_a_sigma_anyway():
+    mem = NoiseMemory()
+    v = np.array([0.1, np.nan, -0.2, 0.05, 0.3])
+    s = mem.sigma_each("gpu", v, np.arange(5), 0.004)
+    assert s.shape == (5,) and np.all(np.isfinite(s)) and np.all(s >= 0.004)

@@ -1,0 +1,129 @@
+"""The hook's op log and steps message builder, on a fake clock (no torch needed)."""
+
+from __future__ import annotations
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from producers.torch_hook.buffer import (
+    COLL,
+    COMPUTE,
+    P2P,
+    OpLog,
+    RankMeta,
+    encode,
+    steps_message,
+)
+from schemas.decode import decode_steps
+
+
+class FakeClock:
+    def __init__(self, t: int = 1_000_000_000) -> None:
+        self.t = t
+
+    def __call__(self) -> int:
+        return self.t
+
+    def advance(self, ns: int) -> None:
+        self.t += ns
+
+
+META = RankMeta("job-a", 3, "node-1", local_rank=1, world_size=4, coords={"tp": 1})
+
+
+def test_ops_become_one_columnar_step():
+    clock = FakeClock()
+    log = OpLog(clock)
+    t0 = clock.t
+    clock.advance(100)
+    fwd = log.begin(COMPUTE, "fwd", "", -1, 0)
+    clock.advance(5_000)
+    log.end(fwd)
+    ar = log.begin(COLL, "all_reduce", "dp.0", 7, 4096)
+    clock.advance(800)
+    log.end(ar)
+    send = log.begin(P2P, "send", "pp.1.3-4", 2, 64)
+    clock.advance(300)
+    log.end(send)
+    opt = log.begin(COMPUTE, "optimizer", "", -1, 0)
+    clock.advance(50)
+    log.end(opt)
+    clock.advance(10)
+    cut = log.cut()
+    assert cut.step == 0 and log.step == 1 and log.step_t0 == clock.t
+    m = decode_steps(encode(steps_message(META, cut, clock.t)))
+    assert (m.job, m.rank, m.node, m.local_rank, m.step) == ("job-a", 3, "node-1", 1, 0)
+    assert m.coords == {"tp": 1}
+    assert m.t_start_ns == t0 and m.t_end_ns == t0 + 100 + 5_000 + 800 + 300 + 50
+    assert m.name == ["fwd", "all_reduce", "send", "optimizer"]
+    assert m.group == ["", "dp.0", "pp.1.3-4", ""]
+    assert m.seq.tolist() == [0, 7, 2, 1]  # compute ops numbered within the step
+    assert m.start_ns.tolist() == [100, 5_100, 5_900, 6_200]
+    assert m.dur_ns.tolist() == [5_000, 800, 300, 50]
+    assert m.bytes.tolist() == [0, 4096, 64, 0]
+
+
+def test_empty_step_is_valid_and_windows_chain():
+    clock = FakeClock()
+    log = OpLog(clock)
+    clock.advance(1_000)
+    a = log.cut()
+    clock.advance(2_000)
+    b = log.cut()
+    assert b.t_start_ns == a.boundary_ns
+    m = decode_steps(encode(steps_message(META, b, clock.t)))
+    assert m.step == 1 and m.n_ops == 0 and m.t_end_ns - m.t_start_ns == 2_000
+
+
+def test_inflight_table_lists_pending_communication_only():
+    clock = FakeClock()
+    log = OpLog(clock)
+    log.begin(COMPUTE, "fwd", "", -1, 0)  # compute in flight is not reported
+    clock.advance(10)
+    ar = log.begin(COLL, "all_reduce", "dp.0", 5, 8)
+    clock.advance(10)
+    done = log.begin(COLL, "broadcast", "world.0", 1, 8)
+    log.end(done)
+    table = log.inflight()
+    assert table == {"step": 0, "inflight": [
+        {"group": "dp.0", "name": "all_reduce", "seq": 5, "start_ns": ar[4]}]}
+    log.end(ar)
+    assert log.inflight()["inflight"] == []
+
+
+def test_op_still_in_flight_at_send_gets_a_lower_bound_duration():
+    clock = FakeClock()
+    log = OpLog(clock)
+    log.begin(COLL, "all_reduce", "dp.0", 0, 8)
+    clock.advance(1_000)
+    cut = log.cut()
+    clock.advance(500)
+    m = decode_steps(encode(steps_message(META, cut, clock.t)))
+    assert m.dur_ns.tolist() == [1_500]
+    assert log.inflight()["inflight"][0]["seq"] == 0  # still reported until it ends
+
+
+_kinds = st.sampled_from([COMPUTE, COLL, P2P])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(_kinds, st.integers(0, 10**6), st.integers(0, 10**6),
+                          st.integers(0, 2**40), st.booleans()), max_size=40))
+def test_any_op_sequence_builds_a_valid_message(ops):
+    clock = FakeClock()
+    log = OpLog(clock)
+    for kind, gap, dur, nbytes, finish in ops:
+        clock.advance(gap)
+        group = "" if kind == COMPUTE else "pg.1"
+        row = log.begin(kind, "x", group, 0, nbytes if kind != COMPUTE else 0)
+        clock.advance(dur)
+        if finish:
+            log.end(row)
+    cut = log.cut()
+    raw = encode(steps_message(META, cut, clock.t))
+    m = decode_steps(raw)
+    assert m.n_ops == len(ops)
+    assert (m.dur_ns >= 0).all() and (m.start_ns >= 0).all()
+    assert m.t_end_ns >= m.t_start_ns
+    assert orjson.loads(raw)["v"] == 1

@@ -1,0 +1,187 @@
+"""JobRouter: messages to the right job's diagnoser, bad input to dead letters, time, ownership.
+
+The diagnoser is a spec_set fake of JobDiagnoser, so these tests pin the routing contract
+without depending on what the detectors conclude.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+from unittest.mock import create_autospec
+
+import orjson
+import pytest
+
+from detectors.diagnoser import JobDiagnoser
+from schemas.rankstep import RankStep
+from schemas.report import DiagnoserOutput
+from schemas.topics import HEARTBEATS, INCIDENTS, JOBS, STEPS
+from schemas.wire import HeartbeatV1, JobV1
+from streams.routing import JobRouter
+
+T0 = 1_790_000_000_000_000_000
+S = 1_000_000_000
+
+
+def step_msg(job: str = "j1", rank: int = 0, step: int = 0, t_end: int = T0 + S) -> bytes:
+    return orjson.dumps({
+        "v": 1, "job": job, "rank": rank, "node": "n0", "step": step,
+        "t_start_ns": t_end - S, "t_end_ns": t_end,
+        "ops": {"kind": ["compute"], "name": ["fwd"], "group": [""], "seq": [0],
+                "start_ns": [0], "dur_ns": [S], "bytes": [0]},
+    })
+
+
+def hb_msg(job: str = "j1", ts: int = T0) -> bytes:
+    return orjson.dumps({"v": 1, "job": job, "rank": 0, "node": "n0", "ts_ns": ts, "step": 1,
+                         "inflight": []})
+
+
+def job_msg(job: str = "j1", event: str = "start", ts: int = T0) -> bytes:
+    body: dict[str, Any] = {"v": 1, "job": job, "event": event, "ts_ns": ts}
+    if event == "start":
+        body["world_size"] = 2
+    return orjson.dumps(body)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ns = 5 * S
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+@pytest.fixture
+def made() -> dict[str, Any]:
+    return {}
+
+
+@pytest.fixture
+def router(made: dict[str, Any]) -> JobRouter:
+    def make(job: str) -> Any:
+        fake = create_autospec(JobDiagnoser, spec_set=True, instance=True)
+        for name in ("on_steps", "on_heartbeat", "on_job", "tick", "flush"):
+            getattr(fake, name).return_value = DiagnoserOutput()
+        made[job] = fake
+        return fake
+
+    return JobRouter(make, max_message_bytes=10_000, now_ns=Clock(), idle_evict_s=60.0)
+
+
+def test_each_job_gets_its_own_diagnoser_and_the_right_method(router: JobRouter,
+                                                              made: dict[str, Any]) -> None:
+    assert router.handle(STEPS, 0, 0, b"j1", step_msg("j1")).dead_letter is None
+    assert router.handle(STEPS, 1, 0, b"j2", step_msg("j2")).dead_letter is None
+    assert router.handle(HEARTBEATS, 0, 1, b"j1", hb_msg("j1")).dead_letter is None
+    assert router.handle(JOBS, 0, 2, b"j1", job_msg("j1")).dead_letter is None
+    assert set(made) == {"j1", "j2"}
+    assert router.jobs(0) == ["j1"] and router.jobs(1) == ["j2"]
+    (msg,), _ = made["j1"].on_steps.call_args
+    assert isinstance(msg, RankStep) and msg.job == "j1"
+    assert isinstance(made["j1"].on_heartbeat.call_args.args[0], HeartbeatV1)
+    assert isinstance(made["j1"].on_job.call_args.args[0], JobV1)
+    assert made["j2"].on_heartbeat.call_count == 0
+
+
+def test_the_diagnoser_output_is_returned(router: JobRouter, made: dict[str, Any]) -> None:
+    router.handle(STEPS, 0, 0, b"j1", step_msg())
+    out = DiagnoserOutput()
+    made["j1"].on_steps.return_value = out
+    assert router.handle(STEPS, 0, 1, b"j1", step_msg(rank=1)).output is out
+
+
+BAD: list[tuple[str, bytes | None, bytes | None, str, str]] = [
+    (STEPS, b"j1", b'{"v":1,"job":"j1","rank":', "$", "truncated"),
+    (STEPS, b"j1", b"\xff\xfe not json", "$", "malformed"),
+    (STEPS, b"j1", b'{"v":2,"job":"j1"}', "$.v", "this worker accepts v=1"),
+    (STEPS, b"j1", b'{"v":1,"job":"j1","rank":"x"}', "$.rank", "Expected `int`"),
+    (STEPS, b"j1", b"x" * 10_001, "$", "exceeds the 10000-byte limit"),
+    (STEPS, b"j1", None, "$", "empty message"),
+    (HEARTBEATS, b"j1", b'{"v":1}', "$", "missing required field"),
+    (JOBS, b"j1", b'{"v":1,"job":"j1","event":"start","ts_ns":1}', "$.world_size",
+     "needs world_size"),
+    (STEPS, b"other", step_msg("j1"), "$key", "is not the job id 'j1'"),
+    (INCIDENTS, b"j1", b"{}", "$topic", "not an input topic"),
+]
+
+
+@pytest.mark.parametrize(("topic", "key", "value", "cause", "reason"), BAD)
+def test_bad_input_becomes_a_dead_letter_with_reason(
+    router: JobRouter, made: dict[str, Any], topic: str, key: bytes | None,
+    value: bytes | None, cause: str, reason: str,
+) -> None:
+    routed = router.handle(topic, 3, 42, key, value)
+    dl = routed.dead_letter
+    assert dl is not None
+    assert (dl.topic, dl.partition, dl.offset) == (topic, 3, 42)
+    assert reason in dl.reason and dl.reason.startswith(cause)
+    assert base64.b64decode(dl.payload_b64) == (value or b"")
+    assert router.dead_letters.total == 1
+    assert router.dead_letters.by_cause[cause] == 1
+    assert router.dead_letters.by_topic[topic] == 1
+    assert not made  # no diagnoser state for an unusable message
+
+
+def test_missing_key_is_refused_because_the_job_would_be_split(router: JobRouter) -> None:
+    dl = router.handle(STEPS, 0, 0, None, step_msg()).dead_letter
+    assert dl is not None and "$key: missing" in dl.reason
+
+
+def test_a_failing_diagnoser_dead_letters_the_message_and_keeps_going(
+        router: JobRouter, made: dict[str, Any]) -> None:
+    router.handle(STEPS, 0, 0, b"j1", step_msg())
+    made["j1"].on_steps.side_effect = ZeroDivisionError("boom")
+    dl = router.handle(STEPS, 0, 1, b"j1", step_msg(rank=1)).dead_letter
+    assert dl is not None and dl.reason.startswith("internal: the diagnoser raised "
+                                                   "ZeroDivisionError: boom")
+    made["j1"].on_steps.side_effect = None
+    assert router.handle(STEPS, 0, 2, b"j1", step_msg(rank=2)).dead_letter is None
+    assert router.dead_letters.by_cause["internal"] == 1
+
+
+def test_tick_moves_each_quiet_job_by_worker_time_since_its_last_message(
+        made: dict[str, Any]) -> None:
+    clock = Clock()
+    r = JobRouter(lambda job: made.setdefault(job, _fake()), max_message_bytes=10_000,
+                  now_ns=clock, idle_evict_s=60.0)
+    r.handle(STEPS, 0, 0, b"j1", step_msg(t_end=T0 + 7 * S))
+    r.handle(STEPS, 1, 0, b"j2", step_msg("j2", t_end=T0 + 100 * S))
+    clock.ns += 3 * S
+    r.tick([0])  # partition 1 is not caught up: its job must not see time pass
+    made["j1"].tick.assert_called_once_with(T0 + 10 * S)
+    made["j2"].tick.assert_not_called()
+    r.tick([0])  # no time passed since: no repeated tick at the same stream time
+    assert made["j1"].tick.call_count == 1
+
+
+def test_an_ended_job_stops_ticking_and_idle_jobs_are_flushed_and_dropped(
+        made: dict[str, Any]) -> None:
+    clock = Clock()
+    r = JobRouter(lambda job: made.setdefault(job, _fake()), max_message_bytes=10_000,
+                  now_ns=clock, idle_evict_s=60.0)
+    r.handle(STEPS, 0, 0, b"j1", step_msg())
+    r.handle(JOBS, 0, 0, b"j1", job_msg(event="end", ts=T0 + 2 * S))
+    r.handle(HEARTBEATS, 0, 1, b"j1", hb_msg(ts=T0 + S))  # late: it does not reopen the job
+    clock.ns += 10 * S
+    r.tick([0])
+    made["j1"].tick.assert_not_called()
+    clock.ns += 61 * S
+    r.tick([0])
+    made["j1"].flush.assert_called_once()
+    assert r.jobs() == []
+
+
+def test_revoke_drops_only_the_revoked_partitions(router: JobRouter) -> None:
+    router.handle(STEPS, 0, 0, b"j1", step_msg("j1"))
+    router.handle(STEPS, 1, 0, b"j2", step_msg("j2"))
+    assert router.revoke([1]) == ["j2"]
+    assert router.jobs() == ["j1"]
+
+
+def _fake() -> Any:
+    fake = create_autospec(JobDiagnoser, spec_set=True, instance=True)
+    for name in ("on_steps", "on_heartbeat", "on_job", "tick", "flush"):
+        getattr(fake, name).return_value = DiagnoserOutput()
+    return fake
