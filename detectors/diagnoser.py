@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.assembly import StepAssembler
+from detectors.config import DetectorConfig
 from detectors.evidence import EvidenceTracker, Track
 from detectors.explain import summarize
 from detectors.features import StepFeatures, step_features
@@ -26,7 +27,6 @@ from detectors.suspects import (
     step_suspects,
     transfer_reference,
 )
-from flare.settings import DetectorSettings
 from schemas.frame import StepFrame
 from schemas.rankstep import RankStep
 from schemas.report import Detection, DiagnoserOutput, StepReport
@@ -39,9 +39,9 @@ _MEMBERSHIP_EVERY = 10  # relearn group membership every N steps (it rarely chan
 class JobDiagnoser:
     """All detector state of one job; bounded in size whatever the length of the job."""
 
-    def __init__(self, job: str, settings: DetectorSettings | None = None) -> None:
+    def __init__(self, job: str, config: DetectorConfig | None = None) -> None:
         self.job = job
-        self.settings = s = settings or DetectorSettings()
+        self.config = s = config or DetectorConfig()
         self.assembler = StepAssembler(job, grace_s=s.grace_s)
         self.baseline = StepTimeBaseline(window=s.window, delta=s.delta)
         self.tracker = EvidenceTracker()
@@ -105,7 +105,7 @@ class JobDiagnoser:
 
     def _check_hang(self) -> DiagnoserOutput:
         out = DiagnoserOutput()
-        timeout = max(self.settings.hang_timeout_s, 3 * self._baseline_s())
+        timeout = max(self.config.hang_timeout_s, 3 * self._baseline_s())
         finding = self.hang.check(self.now_ns, timeout)
         if finding is not None and self._hang_incident() is None:
             inc = self.book.open_incident(
@@ -178,7 +178,7 @@ class JobDiagnoser:
             out.incidents.append(inc.to_v1(self.job))
         if irr.level_shift:
             out.incidents.extend(self._job_shift(frame, ts, irr.shift_ratio, step_time))
-        sample = self.settings.ops_sample_every
+        sample = self.config.ops_sample_every
         keep_ops = irr.irregular not in ("normal", "warmup") or (
             sample and frame.step % sample == 0
         )

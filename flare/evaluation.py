@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
+from detectors.config import DetectorConfig
 from detectors.diagnoser import JobDiagnoser
-from flare.settings import DetectorSettings
 from producers.simulator import (
     FAMILIES,
     SEVERITIES,
@@ -134,12 +134,12 @@ def _can_happen(family: str, layout: Layout) -> bool:
     return True
 
 
-def run_scenario(sc: Scenario, settings: DetectorSettings | None = None) -> ScenarioResult:
+def run_scenario(sc: Scenario, config: DetectorConfig | None = None) -> ScenarioResult:
     """Simulate one scenario into a fresh diagnoser and score what it reported."""
     from producers.simulator import ClusterSimulator
 
     sim = ClusterSimulator(sc)
-    diag = JobDiagnoser(sc.job, settings)
+    diag = JobDiagnoser(sc.job, config)
     events: list[IncidentV1] = []
     events += diag.on_job(sim.job_start()).incidents
     for item in sim.run():

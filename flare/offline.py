@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from detectors.config import DetectorConfig
 from detectors.diagnoser import JobDiagnoser
-from flare.settings import DetectorSettings
 from schemas import InvalidMessage
 from schemas.decode import decode_heartbeat, decode_job
 from schemas.steps_decoder import StepsDecoder
@@ -26,7 +26,7 @@ class OfflineResult:
 
 
 def diagnose_messages(
-    messages: Iterable[tuple[str, bytes]], settings: DetectorSettings | None = None
+    messages: Iterable[tuple[str, bytes]], config: DetectorConfig | None = None
 ) -> OfflineResult:
     """Feed (topic, raw value) pairs, in order, to one JobDiagnoser per job."""
     res = OfflineResult()
@@ -36,7 +36,7 @@ def diagnose_messages(
     def diag(job: str) -> JobDiagnoser:
         d = diags.get(job)
         if d is None:
-            d = diags[job] = JobDiagnoser(job, settings)
+            d = diags[job] = JobDiagnoser(job, config)
         return d
 
     for i, (topic, raw) in enumerate(messages):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from detectors.config import DetectorConfig
 from schemas.kafka import KafkaConnection, SaslMechanism, SecurityProtocol
 
 
@@ -25,6 +26,14 @@ class DetectorSettings(BaseSettings):
         10, description="steps with the culprit not even a suspect before an incident resolves"
     )
     ops_sample_every: int = Field(100, description="keep raw ops of every Nth step")
+
+    def config(self) -> DetectorConfig:
+        """The frozen value the detectors are built with."""
+        return DetectorConfig(
+            grace_s=self.grace_s, window=self.window, delta=self.delta,
+            hang_timeout_s=self.hang_timeout_s, resolve_after=self.resolve_after,
+            ops_sample_every=self.ops_sample_every,
+        )
 
 
 class Settings(BaseSettings):

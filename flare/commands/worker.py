@@ -63,10 +63,10 @@ def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> No
     ensure_topics(bootstrap, settings.partitions)
     db = connect_when_ready(settings.clickhouse_url, settings.clickhouse_password, timeout_s=60.0)
     apply_schema(db)
-    detector_settings = DetectorSettings()
+    detector_config = DetectorSettings().config()
     pipeline = build_pipeline(
         Sink(db),
-        lambda job: JobDiagnoser(job, detector_settings),
+        lambda job: JobDiagnoser(job, detector_config),
         max_message_bytes=settings.max_message_bytes,
         stall_after_s=settings.worker_stall_s,
         job_idle_s=settings.job_idle_s,

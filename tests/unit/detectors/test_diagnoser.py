@@ -9,12 +9,12 @@ import numpy as np
 import orjson
 import pytest
 
+from detectors.config import DetectorConfig
 from detectors.diagnoser import JobDiagnoser
 from detectors.evidence import Z_ON
 from detectors.testing import frame_of, rank_step
 from flare.evaluation import run_scenario
 from flare.offline import diagnose_messages
-from flare.settings import DetectorSettings
 from producers.simulator import ClusterSimulator, Fault, Noise, Scenario, layout_for_gpus
 from schemas.frame import StepFrame
 
@@ -114,7 +114,7 @@ def test_incident_ids_are_deterministic_and_updates_keep_the_id():
 def test_incident_resolves_when_the_fault_goes_away():
     sc = _scenario("thermal", 1.8, steps=80)
     sim = ClusterSimulator(sc)
-    diag = JobDiagnoser(sc.job, DetectorSettings(resolve_after=3))
+    diag = JobDiagnoser(sc.job, DetectorConfig(resolve_after=3))
     events = []
     for item in sim.run():
         if isinstance(item, StepFrame):
@@ -146,10 +146,10 @@ def test_a_persistent_fault_with_wandering_significance_is_one_incident():
     """Hysteresis: confirmed at z ≥ Z_ON, open while the culprit is still a suspect at all.
     Some runs have 10+ steps in a row below Z_ON after confirmation (one bar for both would
     resolve and reopen: two pages for one fault); none may give more than one incident."""
-    settings = DetectorSettings()
+    config = DetectorConfig()
     below_on_long_enough = 0
     for seed in range(20):
-        diag = JobDiagnoser("j", settings)
+        diag = JobDiagnoser("j", config)
         ids: set[str] = set()
         run = longest = 0
         for frame in _noisy_four_rank_job(seed):
@@ -160,7 +160,7 @@ def test_a_persistent_fault_with_wandering_significance_is_one_incident():
             run = run + 1 if ids and z < Z_ON else 0
             longest = max(longest, run)
         assert len(ids) <= 1, f"seed {seed}: {len(ids)} incidents for one fault"
-        below_on_long_enough += longest >= settings.resolve_after
+        below_on_long_enough += longest >= config.resolve_after
     assert below_on_long_enough >= 1, "the noise never tested the hysteresis"
 
 
