@@ -4,6 +4,22 @@ A step is complete when every known rank reported, or when its grace period (str
 expired: a missing rank is evidence (slow or hung), never a reason to wait forever. Steps
 leave in order. Names and groups are interned in job-level tables, so codes are stable across
 steps and a rank whose op names repeat step after step is interned once.
+
+A job of two ranks (its start event said so); step 0 is whole once both reported, step 1
+(rank 1 silent) leaves when its grace period is over, with rank 1 missing:
+
+>>> from detectors.testing import rank_step
+>>> asm = StepAssembler("j", grace_s=5.0)
+>>> asm.world_size = 2
+>>> t0 = 10**18
+>>> asm.add(rank_step(0, "n0", 0, [], t0_ns=t0), t0)
+[]
+>>> [f.step for f in asm.add(rank_step(1, "n0", 0, [], t0_ns=t0), t0)]
+[0]
+>>> asm.add(rank_step(0, "n0", 1, [], t0_ns=t0), t0 + 1 * NS_PER_S)
+[]
+>>> [(f.step, f.missing.tolist()) for f in asm.advance(t0 + 7 * NS_PER_S)]
+[(1, [1])]
 """
 
 from __future__ import annotations
@@ -13,10 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from detectors.base import Stateful
+from schemas.clock import NS_PER_S
 from schemas.frame import StepFrame
 from schemas.rankstep import COORD_DIMS, RankStep
-
-_NS = 1_000_000_000
 
 
 @dataclass(slots=True)
@@ -49,12 +65,15 @@ class Interner:
         return np.array(out, dtype=np.int32)
 
 
-class StepAssembler:
-    """Pending steps of one job; emits StepFrames in step order."""
+class StepAssembler(Stateful):
+    """Pending steps of one job; emits StepFrames in step order.
+
+    `max_pending` bounds memory when a rank stops for good: the oldest step leaves once that
+    many are waiting, even before its grace period is over."""
 
     def __init__(self, job: str, grace_s: float = 5.0, max_pending: int = 8) -> None:
         self.job = job
-        self.grace_ns = int(grace_s * _NS)
+        self.grace_ns = int(grace_s * NS_PER_S)
         self.max_pending = max_pending
         self.world_size: int | None = None
         self.known: set[int] = set()

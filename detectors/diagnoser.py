@@ -4,6 +4,28 @@ The stream worker owns one per job (on the job's partition) and `flare diagnose`
 of a recording; both call exactly these methods, so offline and online answers are the same.
 Time is an input: the diagnoser's clock is the stream time of the messages (and `tick` for
 when messages stop), never the wall clock.
+
+Four ranks on two nodes; from step 3 on rank 2 computes 40 ms instead of 10 ms. Each step
+names it a suspect; the third such step opens a `gpu` incident:
+
+>>> from detectors.testing import frame_of, rank_step
+>>> def step(s):
+...     def ops(r):
+...         c = 40.0 if r == 2 and s >= 3 else 10.0
+...         return [("compute", "fwd", "", 0, 0.0, c, 0),
+...                 ("coll", "all_reduce", "tp.0", s, c, 45.0 - c, 1 << 20)]
+...     return frame_of([rank_step(r, f"n{r // 2}", s, ops(r)) for r in range(4)])
+>>> d = JobDiagnoser("j")
+>>> for s in range(6):
+...     out = d.on_frame(step(s))
+...     print(s, [x.entity for x in out.reports[0].detections],
+...           [(i.kind, i.culprit) for i in out.incidents])
+0 [] []
+1 [] []
+2 [] []
+3 ['rank:2'] []
+4 ['rank:2'] []
+5 ['rank:2'] [('gpu', 'rank:2')]
 """
 
 from __future__ import annotations
@@ -11,6 +33,8 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.assembly import StepAssembler
+from detectors.base import Stateful
+from detectors.compute_suspects import compute_ratio
 from detectors.config import DetectorConfig
 from detectors.evidence import EvidenceTracker, Track
 from detectors.explain import summarize
@@ -18,25 +42,20 @@ from detectors.features import StepFeatures, step_features
 from detectors.hang import HangDetector
 from detectors.incidents import IncidentBook, OpenIncident
 from detectors.irregularity import StepTimeBaseline
+from detectors.network_suspects import Topology, transfer_reference
+from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
 from detectors.rows import group_rows, rank_rows
-from detectors.suspects import (
-    NoiseMemory,
-    Topology,
-    compute_ratio,
-    step_suspects,
-    transfer_reference,
-)
+from detectors.suspects import step_suspects
 from schemas.frame import StepFrame
 from schemas.rankstep import RankStep
 from schemas.report import Detection, DiagnoserOutput, StepReport
 from schemas.wire import HeartbeatV1, IncidentV1, JobV1, Suspect
 
-_NS = 1_000_000_000
 _MEMBERSHIP_EVERY = 10  # relearn group membership every N steps (it rarely changes)
 
 
-class JobDiagnoser:
+class JobDiagnoser(Stateful):
     """All detector state of one job; bounded in size whatever the length of the job."""
 
     def __init__(self, job: str, config: DetectorConfig | None = None) -> None:

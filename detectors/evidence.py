@@ -7,9 +7,15 @@ several independent > z_on events in a row (each p ≲ 3e-5 for Gaussian noise a
 
 Confirming and clearing use different bars (hysteresis): a track is confirmed on z ≥ z_on,
 but it stays live for an open incident as long as the entity is reported at all (every
-reported suspect is already above the noise, `suspects.Z_REPORT`). Under heavy noise a
+reported suspect is already above the noise, `candidates.Z_REPORT`). Under heavy noise a
 persistent fault's z wanders around z_on; one bar for both would resolve the incident and
 open it again a few steps later, two pages for one fault.
+
+A rank significant in three of the last five steps is confirmed on the third:
+
+>>> t = EvidenceTracker()
+>>> [len(t.update(s, ["rank:2"], ["gpu"], [6.0], [0.1], ["slow"])) for s in range(3)]
+[0, 0, 1]
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-WINDOW = 5
-NEED = 3
-Z_ON = 4.0
+from detectors.base import Stateful
+
+WINDOW = 5  # steps of memory per suspect
+NEED = 3  # significant steps among them that confirm it
+Z_ON = 4.0  # significance that counts (one-sided Gaussian tail ≈ 3e-5)
 
 
 @dataclass(slots=True)
@@ -45,7 +53,7 @@ class Track:
         return sum(self.z) / max(len(self.z), 1)
 
 
-class EvidenceTracker:
+class EvidenceTracker(Stateful):
     """Per-entity windows of significance; bounded: idle tracks are dropped."""
 
     def __init__(self, window: int = WINDOW, need: int = NEED, z_on: float = Z_ON) -> None:

@@ -1,4 +1,19 @@
-"""One sentence per incident, with the numbers an on-call SRE acts on."""
+"""One sentence per incident, with the numbers an on-call SRE acts on.
+
+The sentence names the culprit as an SRE finds it (node, parallel coordinates), says how it
+differs from its peers, and what it costs per step; a slow rank also names the collective
+its peers wait for it in, which is where a profiler would show the time.
+
+>>> from detectors.features import step_features
+>>> from detectors.testing import frame_of, rank_step
+>>> frame = frame_of([rank_step(r, f"n{r // 2}", 0, [], coords={"tp": r % 2, "pp": 0})
+...                   for r in range(4)])
+>>> rank_label(frame, 3)
+'rank 3 (n1, tp 1 pp 0)'
+>>> summarize("switch", "switch:s1", "transfers ×1.80 on 12 of 16 instances", 0.4,
+...           frame, step_features(frame), np.ones(4))
+'switch s1 is congested: transfers ×1.80 on 12 of 16 instances of its nodes: +0.40 s per step'
+"""
 
 from __future__ import annotations
 
@@ -35,6 +50,7 @@ def waiting_group(frame: StepFrame, feats: StepFeatures, rank: int) -> tuple[str
 
 
 def rank_label(frame: StepFrame, rank: int) -> str:
+    """`rank <n> (<node>, <coords>)`: where to find the rank."""
     idx = int(np.searchsorted(frame.rank, rank))
     if idx >= frame.n_ranks or frame.rank[idx] != rank:
         return f"rank {rank}"

@@ -4,6 +4,21 @@ Durations, not absolute timestamps, carry the signal (DESIGN §1): clocks of dif
 disagree, but within one rank the offsets are exact. For a collective instance the copies end
 together when the last member arrives plus the transfer time, so the SHORTEST copy is the
 last arriver's and approximates the transfer; every other member's excess over it is waiting.
+
+Two ranks all-reduce after computing 10 ms and 30 ms; the all-reduce ends 5 ms after the
+last arrival, so rank 0 waits 20 ms for rank 1 and the transfer is 5 ms:
+
+>>> from detectors.testing import frame_of, rank_step
+>>> frame = frame_of([
+...     rank_step(r, "n0", 0, [("compute", "fwd", "", 0, 0.0, c, 0),
+...                            ("coll", "all_reduce", "tp.0", 1, c, 35.0 - c, 1024)])
+...     for r, c in ((0, 10.0), (1, 30.0))
+... ])
+>>> f = step_features(frame)
+>>> (f.compute_s * 1e3).round(3).tolist(), (f.wait_s * 1e3).round(3).tolist()
+([10.0, 30.0], [20.0, 0.0])
+>>> (f.inst.transfer_s * 1e3).round(3).tolist(), (f.caused_wait_s * 1e3).round(3).tolist()
+([5.0], [0.0, 10.0])
 """
 
 from __future__ import annotations
@@ -12,11 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from schemas.clock import NS_PER_S
 from schemas.frame import StepFrame
 from schemas.rankstep import COMPUTE
 
-_NS = 1e-9
-_SEQ_BITS = 40
+# Durations become seconds by multiplying with the reciprocal, as the detectors were
+# calibrated: dividing by NS_PER_S rounds the last bit of some durations differently.
+_S_PER_NS = 1 / NS_PER_S
+_SEQ_BITS = 40  # seq bits in the sort key of the sparse fallback (group code above them)
 
 
 @dataclass(slots=True)
@@ -73,6 +91,10 @@ def _busy_ns(frame: StepFrame, ri: np.ndarray) -> np.ndarray:
 def instance_ids(group: np.ndarray, seq: np.ndarray, n_groups: int) -> tuple[np.ndarray, int]:
     """Dense instance id of every (group, seq) copy, without sorting.
 
+    >>> ids, n = instance_ids(np.array([0, 1, 0, 1, 0]), np.array([7, 3, 7, 3, 8]), 2)
+    >>> ids.tolist(), n
+    ([0, 2, 0, 2, 1], 3)
+
     `seq` is a per-group counter, so within one step each group's seqs fill a short range:
     ids are the group's base offset plus (seq - the group's first seq this step). Sorting
     millions of keys would cost more than the whole diagnosis of a step.
@@ -100,7 +122,7 @@ def instance_ids(group: np.ndarray, seq: np.ndarray, n_groups: int) -> tuple[np.
 def _instances(frame: StepFrame, ri: np.ndarray) -> Instances:
     rows = np.flatnonzero(frame.op_kind != COMPUTE)
     ids, n_inst = instance_ids(frame.op_group[rows], frame.op_seq[rows], len(frame.groups))
-    dur = frame.op_dur_ns[rows] * _NS
+    dur = frame.op_dur_ns[rows] * _S_PER_NS
     n_copies = np.bincount(ids, minlength=n_inst)
     transfer = np.full(n_inst, np.inf)
     np.minimum.at(transfer, ids, dur)
@@ -133,12 +155,12 @@ def step_features(frame: StepFrame) -> StepFeatures:
     """Compute the time budget of every rank and the instance table of one step."""
     R = frame.n_ranks
     ri = frame.op_rank_index()
-    dur = frame.op_dur_ns * _NS
+    dur = frame.op_dur_ns * _S_PER_NS
     is_compute = frame.op_kind == COMPUTE
     compute = np.bincount(ri, weights=np.where(is_compute, dur, 0.0), minlength=R)
     comm = np.bincount(ri, weights=np.where(is_compute, 0.0, dur), minlength=R)
-    span = (frame.t_end_ns - frame.t_start_ns) * _NS
-    gap = np.maximum(span - _busy_ns(frame, ri) * _NS, 0.0)
+    span = (frame.t_end_ns - frame.t_start_ns) * _S_PER_NS
+    gap = np.maximum(span - _busy_ns(frame, ri) * _S_PER_NS, 0.0)
     inst = _instances(frame, ri)
     single = inst.n_copies[inst.copy_inst] < 2 if inst.copy_inst.size else np.zeros(0, bool)
     wait = np.where(single, 0.0, inst.copy_wait_s)

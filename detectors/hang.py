@@ -4,6 +4,25 @@ Mycroft's observation: a hang shows as ranks that sit inside a collective while 
 never arrives. The members NOT in flight on the stuck (group, seq) are the cause; if they in
 turn sit in another stuck op, follow them (the waits-for graph) to the root. If every member
 is in flight on the same instance, nobody is missing: the communication itself hangs.
+
+Ranks 0 and 1 sit in an all-reduce of `tp.0` since second 1; rank 2, its third member, beats
+but never joins:
+
+>>> from schemas.wire import HeartbeatV1, InflightOp
+>>> def beat(rank, t_s, busy):
+...     ops = [InflightOp(group="tp.0", name="all_reduce", seq=4, start_ns=1 * NS_PER_S)]
+...     return HeartbeatV1(v=1, job="j", rank=rank, node="n0", ts_ns=t_s * NS_PER_S, step=9,
+...                        inflight=ops if busy else [])
+>>> d = HangDetector(timeout_s=10.0)
+>>> d.learn_members("tp.0", {0, 1, 2})
+>>> for t in range(25):
+...     for rank in (0, 1, 2):
+...         d.observe(beat(rank, t, busy=rank != 2))
+>>> d.check(5 * NS_PER_S) is None  # in flight for 4 s: not past the timeout
+True
+>>> f = d.check(25 * NS_PER_S)
+>>> f.culprit, f.onset_step, f.suspects
+('rank:2', 9, [('rank:2', 1.0)])
 """
 
 from __future__ import annotations
@@ -13,14 +32,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from detectors.base import Stateful
+from schemas.clock import NS_PER_S
 from schemas.wire import HeartbeatV1
-
-_NS = 1_000_000_000
 
 
 @dataclass(slots=True)
 class HangFinding:
-    kind: str  # always "hang"
+    """A hang: its culprit, the step it stopped in, and the sentence an SRE reads."""
+
     culprit: str  # rank:<n> or group:<g>
     onset_step: int
     suspects: list[tuple[str, float]]
@@ -28,7 +48,7 @@ class HangFinding:
     stuck_s: float
 
 
-class HangDetector:
+class HangDetector(Stateful):
     """Latest heartbeat per rank + group membership and finished steps learned from steps."""
 
     def __init__(self, timeout_s: float) -> None:
@@ -67,10 +87,10 @@ class HangDetector:
 
     def check(self, now_ns: int, timeout_s: float | None = None) -> HangFinding | None:
         """Look for a hang at stream time `now_ns` (at most once per stream second)."""
-        if now_ns - self._last_check_ns < _NS:
+        if now_ns - self._last_check_ns < NS_PER_S:
             return None
         self._last_check_ns = now_ns
-        limit = (timeout_s or self.timeout_s) * _NS
+        limit = (timeout_s or self.timeout_s) * NS_PER_S
         stuck: dict[tuple[str, int], set[int]] = {}
         info: dict[tuple[str, int], tuple[str, int, int]] = {}  # name, oldest start, step
         # a rank inside any op (and still beating) is waiting, not the root; a silent rank
@@ -95,7 +115,7 @@ class HangDetector:
         roots = Counter({r: n for r, n in waits_on.items() if r not in busy})
         oldest = min(stuck, key=lambda k: info[k][1])
         name, start, step = info[oldest]
-        stuck_s = (now_ns - start) / _NS
+        stuck_s = (now_ns - start) / NS_PER_S
         if roots:
             ranked = sorted(roots.items(), key=lambda kv: (-kv[1], kv[0]))
             culprit_rank, waiting = ranked[0]
@@ -108,7 +128,6 @@ class HangDetector:
             groups = sorted({k[0] for k in stuck if culprit_rank in self.members.get(k[0], set())})
             direct = waits_on[culprit_rank]
             return HangFinding(
-                kind="hang",
                 culprit=f"rank:{culprit_rank}",
                 onset_step=c_step,
                 suspects=[(f"rank:{r}", n / total) for r, n in ranked[:3]],
@@ -129,13 +148,12 @@ class HangDetector:
             # stuck). Wait for the full group; blame a partial one only if none appears.
             return None
         return HangFinding(
-            kind="hang",
             culprit=f"group:{key[0]}",
             onset_step=step,
             suspects=[(f"group:{key[0]}", 1.0)],
             summary=(
                 f"communication hang: all {len(stuck[key])} members of {key[0]} are inside "
-                f"{name} seq {key[1]} for {(now_ns - start) / _NS:.0f} s"
+                f"{name} seq {key[1]} for {(now_ns - start) / NS_PER_S:.0f} s"
             ),
-            stuck_s=(now_ns - start) / _NS,
+            stuck_s=(now_ns - start) / NS_PER_S,
         )

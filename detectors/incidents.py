@@ -3,17 +3,27 @@
 An SRE needs one stable object per problem: the id is a hash of job, kind, culprit and the
 opening step, so a replay after a crash reproduces the same ids (ClickHouse then replaces
 instead of duplicating). Slowdown and lost GPU-seconds are what the problem costs.
+
+>>> book = IncidentBook("j", resolve_after=2)
+>>> inc = book.open_incident("gpu", "rank:2", [], 40, 42, 0, "rank 2 computes 50% slower")
+>>> inc.add_evidence(42, slowdown=1.25, step_time_s=2.0, world=8)
+>>> inc.slowdown, round(inc.lost_gpu_seconds, 6)  # 2 s × (1 - 1/1.25) × 8 GPUs
+(1.25, 3.2)
+>>> book.quiet_step(set(), 43), [i.resolved_step for i in book.quiet_step(set(), 44)]
+([], [44])
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from detectors.base import Stateful
 from schemas.wire import IncidentV1, Suspect
 
 
 def incident_id(job: str, kind: str, culprit: str, opened_step: int) -> str:
+    """Stable id of an incident: the same job, kind, culprit and opening step, the same id."""
     raw = f"{job}|{kind}|{culprit}|{opened_step}".encode()
     return hashlib.sha1(raw).hexdigest()[:20]
 
@@ -36,7 +46,6 @@ class OpenIncident:
     evidence_steps: int = 0
     quiet: int = 0
     resolved_step: int | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def slowdown(self) -> float:
@@ -71,7 +80,7 @@ class OpenIncident:
         )
 
 
-class IncidentBook:
+class IncidentBook(Stateful):
     """Open incidents of one job, keyed by (kind, culprit)."""
 
     def __init__(self, job: str, resolve_after: int = 10) -> None:

@@ -7,35 +7,57 @@ is confirmed by Page-Hinkley (river) on the standardized log step time — clipp
 GC or checkpoint spike cannot fake a drift — and kept only if the level moved ≥10%
 (Greyhound); then the baseline is rebuilt from the new level so δ stays meaningful as the
 job changes (Holmes' drift problem).
+
+Job-wide pauses (GC, checkpoint, eval) have no class of their own: they are `spike`s or
+`fluctuation`s of the job's step time, with no device to blame (the suspects' peer
+comparisons cancel them), so they never become device incidents.
+
+>>> b = StepTimeBaseline(window=10)
+>>> [b.update(t).irregular for t in (1.0, 1.02, 0.98, 1.0, 1.01)]
+['warmup', 'warmup', 'warmup', 'warmup', 'warmup']
+>>> r = b.update(2.0)  # a checkpoint: twice the normal step
+>>> r.irregular, r.baseline_s, r.delta
+('spike', 1.0, 2.0)
+>>> b.update(1.0).irregular
+'normal'
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from river import drift
 
-WARMUP = 5
-PERSISTENT_RUN = 3
+from detectors.base import Stateful
+from detectors.segments import robust_sigma
+
+WARMUP = 5  # steps that only fill the window: a median of fewer is no baseline
+PERSISTENT_RUN = 3  # irregular steps in a row that make a `persistent` slowdown
 MIN_SHIFT = 0.10  # Greyhound keeps change points whose mean moved ≥10%
 Z_CLIP = 10.0  # one step moves the Page-Hinkley sum by at most this many σ
 PH_THRESHOLD = 30.0  # ≈3 steps of a 10σ shift
 PH_DELTA = 0.5  # tolerated drift per step, in σ
 SIGMA_FLOOR = 0.01  # 1% step-to-step jitter at least
 
+# The classes a step can get (`StepReport.irregular`): the first steps only fill the window.
+IrregularClass = Literal["warmup", "normal", "spike", "fluctuation", "persistent"]
+
 
 @dataclass(slots=True)
 class Irregularity:
-    baseline_s: float
-    delta: float
-    irregular: str  # warmup | normal | spike | fluctuation | persistent
+    """How one step compares with the job's normal step time."""
+
+    baseline_s: float  # the window's normal step time (median of the last regular steps)
+    delta: float  # step time / baseline_s
+    irregular: IrregularClass
     level_shift: bool
     shift_ratio: float  # new level / old level when level_shift
 
 
-class StepTimeBaseline:
+class StepTimeBaseline(Stateful):
     """Robust running baseline of step time with change-point re-baselining."""
 
     def __init__(self, window: int = 50, delta: float = 1.1) -> None:
@@ -55,9 +77,8 @@ class StepTimeBaseline:
         )
 
     def _sigma(self) -> float:
-        logs = np.log(np.asarray(self._normal))
-        mad = float(np.median(np.abs(logs - np.median(logs)))) if logs.size else 0.0
-        return max(1.4826 * mad, SIGMA_FLOOR)
+        """Robust σ of log step time over the window (relative jitter, scale-free)."""
+        return robust_sigma(np.log(np.asarray(self._normal)), SIGMA_FLOOR)
 
     @property
     def baseline_s(self) -> float:
@@ -92,6 +113,7 @@ class StepTimeBaseline:
         d = t / base
         irregular = d >= self.delta_thr
         self._flags.append(irregular)
+        cls: IrregularClass
         if irregular:
             self._run += 1
             cls = (

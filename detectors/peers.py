@@ -3,6 +3,19 @@
 Pipeline stages differ in work (embedding, loss), so a rank is compared with the ranks of its
 own stage: the `pp` coordinate when producers send coords, otherwise ranks with the same mix
 of compute ops (same names, same counts), which is what a stage looks like from outside.
+
+Without coords, ranks 0–1 run the first stage's kernels and ranks 2–3 the last stage's:
+
+>>> from detectors.testing import frame_of, rank_step
+>>> def ops(r):
+...     names = ["embed", "layer"] if r < 2 else ["layer", "loss"]
+...     return [("compute", n, "", i, 10.0 * i, 5.0, 0) for i, n in enumerate(names)]
+>>> frame = frame_of([rank_step(r, "n0", 0, ops(r)) for r in range(4)])
+>>> keys, n = stage_keys(frame)
+>>> keys.tolist(), n
+([1, 1, 0, 0], 2)
+>>> replica_keys(frame) is None  # no coords, no tp groups: the node is the reference
+True
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""Tiny hand-made steps for detector unit tests: ops listed per rank, built as real messages."""
+"""Tiny hand-made steps for detector unit tests and examples: ops listed per rank, built as
+real messages and assembled by the real `StepAssembler`, so a test exercises the same frames
+the worker builds.
+
+>>> f = frame_of([rank_step(r, "n0", 3, [("compute", "fwd", "", 0, 0.0, 2.5, 0)])
+...               for r in range(2)])
+>>> f.step, f.rank.tolist(), f.op_dur_ns.tolist()
+(3, [0, 1], [2500000, 2500000])
+"""
 
 from __future__ import annotations
 
@@ -43,6 +51,7 @@ def rank_step(
 
 
 def frame_of(msgs: list[RankStep]) -> StepFrame:
+    """The one frame of a step's messages (every rank of the step, so nothing waits)."""
     asm = StepAssembler(msgs[0].job)
     asm.world_size = len(msgs)
     frames = []

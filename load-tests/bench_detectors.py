@@ -18,16 +18,13 @@ import time
 import numpy as np
 
 from detectors.assembly import StepAssembler
+from detectors.compute_suspects import compute_ratio
 from detectors.diagnoser import JobDiagnoser
 from detectors.features import step_features
+from detectors.network_suspects import Topology, transfer_reference
+from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
-from detectors.suspects import (
-    NoiseMemory,
-    Topology,
-    compute_ratio,
-    step_suspects,
-    transfer_reference,
-)
+from detectors.suspects import step_suspects
 from producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
 
 

@@ -66,7 +66,7 @@ class StepReport:
     step_time_s: float  # median over ranks of t_end - t_start
     baseline_s: float  # the window's normal step time
     delta: float  # step_time_s / baseline_s
-    irregular: str  # normal | spike | persistent | fluctuation | pause | warmup
+    irregular: str  # warmup | normal | spike | fluctuation | persistent (detectors.irregularity)
     level_shift: bool  # a confirmed change point at this step (baseline re-set)
     ranks: RankRows
     groups: GroupRows

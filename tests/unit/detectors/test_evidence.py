@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from detectors.candidates import Z_REPORT
 from detectors.evidence import NEED, Z_ON, EvidenceTracker
-from detectors.suspects import Z_REPORT
 
 
 def _step(tr: EvidenceTracker, step: int, z: float | None,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from detectors.noise import SMALL_GROUP, NoiseMemory
 from detectors.segments import robust_sigma
-from detectors.suspects import SMALL_GROUP, NoiseMemory
 
 
 def _feed(mem: NoiseMemory, rng: np.random.Generator, n: int, shift: float,

@@ -1,0 +1,106 @@
+"""Compute suspects: a GPU (rank) or a whole node that computes slower than its peers.
+
+Each rank's compute time is compared with its stage peers in the SAME step (`compute_ratio`),
+so job-wide effects (GC, checkpoints, level shifts, data) cancel. In log space the node's
+median ratio is split off first, so one slow GPU and a slow node (all its GPUs) are told
+apart: a slow GPU stands out from the other GPUs of its node or tensor-parallel replica, a
+slow node from the other nodes.
+
+A 4-rank step, two ranks per node, where rank 2 computes 40 ms instead of 10 ms:
+
+>>> from detectors.features import step_features
+>>> from detectors.noise import NoiseMemory
+>>> from detectors.peers import stage_keys
+>>> from detectors.testing import frame_of, rank_step
+>>> frame = frame_of([
+...     rank_step(r, f"n{r // 2}", 0, [("compute", "fwd", "", 0, 0.0, 40.0 if r == 2 else 10.0, 0)])
+...     for r in range(4)
+... ])
+>>> feats = step_features(frame)
+>>> ratio = compute_ratio(frame, feats, stage_keys(frame))
+>>> ratio.tolist()
+[1.0, 1.0, 4.0, 1.0]
+>>> out = Candidates()
+>>> compute_suspects(frame, feats, ratio, NoiseMemory(), out)
+>>> out.entity, out.kind, out.detail
+(['rank:2'], ['gpu'], ['compute ×4.00 vs stage peers'])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.candidates import Z_REPORT, Candidates
+from detectors.features import StepFeatures
+from detectors.noise import NoiseMemory
+from detectors.peers import replica_keys
+from detectors.segments import grouped_median
+from schemas.frame import StepFrame
+
+# σ floors of log compute ratios (0.4% for a rank, 0.6% for a node's median): identical
+# ranks (a noiseless calibration run, a deterministic kernel) give σ = 0, and a difference of
+# a few microseconds would then be infinitely significant. Set with the detection core and
+# kept by every `flare eval` run since (ACCURACY.md).
+_GPU_SIGMA_FLOOR = 0.004
+_NODE_SIGMA_FLOOR = 0.006
+
+
+def compute_ratio(
+    frame: StepFrame, feats: StepFeatures, stages: tuple[np.ndarray, int]
+) -> np.ndarray:
+    """(R,) compute time vs the median of the rank's stage peers (1.0 = like its peers).
+
+    Communication-only recordings have no compute ops: the idle gaps between their
+    collectives are then the compute, and serve as its basis."""
+    basis = feats.compute_s if feats.has_compute else feats.gap_s
+    keys, n_keys = stages
+    ref = grouped_median(basis, keys, n_keys)[keys]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(ref > 0, basis / ref, np.nan)
+
+
+def compute_suspects(
+    frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, noise: NoiseMemory, out: Candidates
+) -> None:
+    """Add the step's `gpu` (rank) and `node` suspects to `out`."""
+    basis = feats.compute_s if feats.has_compute else feats.gap_s
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.log(ratio)
+    x = np.where(np.isfinite(x), x, 0.0)
+    n_nodes = len(frame.nodes)
+    counts = np.bincount(frame.node, minlength=n_nodes)
+    node_x = np.nan_to_num(grouped_median(x, frame.node, n_nodes))
+    per_node = counts[frame.node]
+    g = np.where(per_node >= 3, x - node_x[frame.node], x)
+    rep = replica_keys(frame)
+    if rep is not None:
+        keys, n_rep = rep
+        size = np.bincount(keys, minlength=n_rep)[keys]
+        rep_x = grouped_median(x, keys, n_rep)[keys]
+        # a pair's median is its mean: the slow member's residual is +d/2 and its partner's
+        # -d/2, so with fewer than three pairs half of all residuals carry the fault and the
+        # spread estimate breaks down; then the node is the better reference
+        usable = (size >= 3) | ((size == 2) & (n_rep >= 3))
+        g = np.where(usable, x - rep_x, g)
+    zg = g / noise.sigma_each("gpu", g, frame.rank, _GPU_SIGMA_FLOOR)
+    for i in np.flatnonzero(zg >= Z_REPORT):
+        out.add(
+            f"rank:{int(frame.rank[i])}",
+            "gpu",
+            zg[i],
+            basis[i] * (1 - np.exp(-g[i])),
+            f"compute ×{np.exp(x[i]):.2f} vs stage peers",
+        )
+    multi = counts >= 2
+    if multi.sum() >= 3:
+        sn = noise.sigma("node", node_x[multi], _NODE_SIGMA_FLOOR)
+        zn = np.where(multi, node_x / sn, 0.0)
+        node_basis = grouped_median(basis, frame.node, n_nodes)
+        for n in np.flatnonzero(zn >= Z_REPORT):
+            out.add(
+                f"node:{frame.nodes[n]}",
+                "node",
+                zn[n],
+                node_basis[n] * (1 - np.exp(-node_x[n])),
+                f"compute ×{np.exp(node_x[n]):.2f} on all {counts[n]} ranks",
+            )

@@ -1,0 +1,79 @@
+"""Host suspects: a node whose ranks sit idle between ops longer than their peers.
+
+Launch delays and CPU contention (a data loader, a noisy neighbour, a throttled CPU) leave
+GPU durations normal and stretch the gaps between ops. Each rank's idle gap is compared with
+its stage peers in the same step, as a share of the stage's step span; a node's ranks are
+averaged, so one starved host stands out from the other hosts while a job-wide stall cancels.
+
+Three nodes of two ranks, each computing 2 × 10 ms; the ranks of node n1 wait 20 ms between
+their two kernels:
+
+>>> from detectors.features import step_features
+>>> from detectors.noise import NoiseMemory
+>>> from detectors.peers import stage_keys
+>>> from detectors.testing import frame_of, rank_step
+>>> frame = frame_of([
+...     rank_step(r, f"n{r // 2}", 0, [
+...         ("compute", "fwd", "", 0, 0.0, 10.0, 0),
+...         ("compute", "bwd", "", 1, 30.0 if r // 2 == 1 else 10.0, 10.0, 0),
+...     ]) for r in range(6)
+... ])
+>>> out = Candidates()
+>>> host_suspects(frame, step_features(frame), stage_keys(frame), NoiseMemory(), out)
+>>> out.entity, out.kind, out.detail
+(['node:n1'], ['host'], ['idle gaps +20 ms per rank'])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.candidates import Z_REPORT, Candidates
+from detectors.features import StepFeatures
+from detectors.noise import NoiseMemory
+from detectors.segments import grouped_median
+from schemas.frame import StepFrame
+
+# σ floor of the idle-gap share (0.3% of the step span): with identical hosts the spread is
+# zero and any scheduling microsecond would count as infinitely significant
+_HOST_SIGMA_FLOOR = 0.003
+
+
+def host_suspects(
+    frame: StepFrame,
+    feats: StepFeatures,
+    stages: tuple[np.ndarray, int],
+    noise: NoiseMemory,
+    out: Candidates,
+) -> None:
+    """Add the step's `host` suspects (one entry per node) to `out`."""
+    if not feats.has_compute:
+        return  # gaps then include compute: the compute view already uses them
+    n_nodes = len(frame.nodes)
+    if n_nodes < 2:
+        # a host is judged against other hosts; on the only one, contention slows every rank
+        # alike (the job's step time shows it) and what is left between its own ranks is
+        # scheduling noise (oversubscribed CPU: z up to 6 on a healthy run)
+        return
+    keys, n_keys = stages
+    ref_gap = grouped_median(feats.gap_s, keys, n_keys)[keys]
+    ref_span = grouped_median(feats.span_s, keys, n_keys)[keys]
+    extra = feats.gap_s - ref_gap
+    h = np.where(ref_span > 0, extra / np.maximum(ref_span, 1e-9), 0.0)
+    counts = np.bincount(frame.node, minlength=n_nodes)
+    node_h = np.bincount(frame.node, weights=h, minlength=n_nodes) / np.maximum(counts, 1)
+    node_extra = np.bincount(frame.node, weights=extra, minlength=n_nodes) / np.maximum(counts, 1)
+    if n_nodes >= 3:
+        sh = noise.sigma("host", node_h, _HOST_SIGMA_FLOOR)
+    else:
+        # two hosts: their two means are no spread; the ranks' own shares are the pool
+        sh = noise.sigma("host1", h, _HOST_SIGMA_FLOOR)
+    zh = node_h / sh
+    for n in np.flatnonzero(zh >= Z_REPORT):
+        out.add(
+            f"node:{frame.nodes[n]}",
+            "host",
+            zh[n],
+            node_extra[n],
+            f"idle gaps +{node_extra[n] * 1e3:.0f} ms per rank",
+        )

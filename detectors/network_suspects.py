@@ -1,0 +1,219 @@
+"""Network suspects: the NIC (node), pipeline link (node pair) or switch behind slow transfers.
+
+A collective instance's shortest copy is its transfer (`features.Instances`); each is compared
+with the instances of the same signature (kind, op, bytes, members, cross-node) in the SAME
+step, so a job-wide slowdown cancels. Every network entity (a node's NIC, a p2p node pair, a
+leaf switch when the job start told us the topology) touches some instances; the entity
+whose instances are slow AND that explains most of the slow instances wins, its instances are
+explained away, and the rest is searched again (a few rounds, for concurrent faults).
+
+Four nodes of one rank each, one all-reduce per pair of nodes; every transfer through node n3
+takes 40 ms instead of 10 ms:
+
+>>> from detectors.features import step_features
+>>> from detectors.testing import frame_of, rank_step
+>>> pairs = [(0, 1), (2, 3), (0, 2), (1, 3), (0, 3), (1, 2)]
+>>> def ops(r):
+...     mine = [(f"dp.{a}{b}", 40.0 if 3 in (a, b) else 10.0) for a, b in pairs if r in (a, b)]
+...     return [("coll", "all_reduce", g, 1, 50.0 * i, d, 1 << 20) for i, (g, d) in enumerate(mine)]
+>>> frame = frame_of([rank_step(r, f"n{r}", 0, ops(r)) for r in range(4)])
+>>> feats = step_features(frame)
+>>> ref = transfer_reference(feats.inst)
+>>> (ref * 1e3).round(1).tolist()
+[10.0, 10.0, 10.0, 10.0, 10.0, 10.0]
+>>> out = Candidates()
+>>> network_suspects(frame, feats, Topology(), ref, out)
+>>> out.entity, out.kind, out.detail
+(['node:n3'], ['link'], ['transfers ×4.00 on 3 of 3 instances'])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from detectors.candidates import Z_REPORT, Candidates
+from detectors.features import Instances, StepFeatures
+from detectors.segments import grouped_quantile, unique_ints
+from schemas.frame import StepFrame
+from schemas.rankstep import P2P
+
+REF_QUANTILE = 0.25  # the reference transfer: the lower quartile (see `transfer_reference`)
+# For Gaussian noise the 10th percentile lies Φ⁻¹(0.10) − Φ⁻¹(0.25) = −1.2816 + 0.6745 ≈ −0.607σ
+# below the lower quartile, so the healthy side alone gives σ even when most are slow.
+_Q10_BELOW_Q25 = 0.607
+_NET_SIGMA_FLOOR = 0.03  # healthy transfers jitter ≈3% (as the simulator's Noise.net_jitter)
+_NET_MIN_RATIO = np.log(1.1)  # a transfer 10% over its peers is the smallest we blame
+_NET_ROUNDS = 3  # entities found per step at most: concurrent faults, not every bystander
+_NODE_TIE = 0.95  # a node within 5% of the best one's score is a tie
+
+
+@dataclass(slots=True)
+class Topology:
+    """What the job's start event told us: each node's switch (may be empty)."""
+
+    switch_of: dict[str, str] = field(default_factory=dict)
+
+
+def transfer_reference(inst: Instances) -> np.ndarray:
+    """(I,) normal transfer of comparable instances (same kind, op, bytes, size, cross-node)
+    in this step; NaN where fewer than three are comparable.
+
+    The lower quartile, not the median: a congested switch under half of the nodes slows
+    half of the instances of every signature, and the reference must stay healthy.
+    """
+    ref = np.full(inst.transfer_s.size, np.nan)
+    idx = np.flatnonzero(inst.cross_node & (inst.n_copies >= 2))
+    if idx.size < 3:
+        return ref
+    _, bcode = np.unique(inst.bytes[idx], return_inverse=True)
+    n_names = int(inst.name[idx].max()) + 1
+    key = (inst.kind[idx].astype(np.int64) * n_names + inst.name[idx]) * (int(bcode.max()) + 1)
+    key = (key + bcode.reshape(-1)) * (1 << 24) + np.minimum(inst.n_copies[idx], (1 << 24) - 1)
+    _, sig = np.unique(key, return_inverse=True)
+    sig = sig.reshape(-1)
+    n_sig = int(sig.max()) + 1
+    med = grouped_quantile(inst.transfer_s[idx], sig, n_sig, REF_QUANTILE)
+    ok = np.bincount(sig, minlength=n_sig)[sig] >= 3
+    ref[idx[ok]] = med[sig[ok]]
+    return ref
+
+
+def network_suspects(
+    frame: StepFrame, feats: StepFeatures, topo: Topology, full_ref: np.ndarray, out: Candidates
+) -> None:
+    """Add the step's `link` (NIC or node pair) and `switch` suspects to `out`; `full_ref` is
+    `transfer_reference(feats.inst)`."""
+    inst = feats.inst
+    idx = np.flatnonzero(np.isfinite(full_ref) & (full_ref > 0))
+    if idx.size < 3:
+        return
+    ref = full_ref[idx]
+    ell = np.log(np.maximum(inst.transfer_s[idx], 1e-12) / ref)
+    # noise from the healthy side only: ℓ is relative to each signature's lower quartile,
+    # so the pooled 10th percentile sits at ≈ -0.607σ even when most instances are slow
+    s_ell = max(float(-np.quantile(ell, 0.10)) / _Q10_BELOW_Q25, _NET_SIGMA_FLOOR)
+    e = np.where(ell > max(3 * s_ell, _NET_MIN_RATIO), ell, 0.0)
+    if not e.any():
+        return
+    extra_s = np.where(e > 0, inst.transfer_s[idx] - ref, 0.0)
+    # incidence of usable instances with nodes (through their copies)
+    pos = np.full(inst.transfer_s.size, -1)
+    pos[idx] = np.arange(idx.size)
+    c_pos = pos[inst.copy_inst]
+    keep = c_pos >= 0
+    c_pos = c_pos[keep]
+    c_rank = inst.copy_rank[keep]
+    c_node = frame.node[c_rank]
+    n_nodes = len(frame.nodes)
+    pair = unique_ints(c_pos * n_nodes + c_node)
+    p_inst, p_node = pair // n_nodes, pair % n_nodes
+    rank_extra = np.bincount(c_rank, weights=extra_s[c_pos], minlength=frame.n_ranks)
+    node_extra = np.zeros(n_nodes)
+    np.maximum.at(node_extra, frame.node, rank_extra)
+
+    # one incidence list (entity, instance) over every network entity: nodes, links, switches
+    ent_names: list[str] = []
+    ent_kinds: list[str] = []
+    ent_nodes: list[np.ndarray] = []
+    inc_ent: list[np.ndarray] = []
+    inc_inst: list[np.ndarray] = []
+    used_nodes = np.flatnonzero(np.bincount(p_node, minlength=n_nodes))
+    node_eid = np.full(n_nodes, -1)
+    node_eid[used_nodes] = np.arange(used_nodes.size)
+    for n in used_nodes:
+        ent_names.append(f"node:{frame.nodes[n]}")
+        ent_kinds.append("link")
+        ent_nodes.append(np.array([n]))
+    inc_ent.append(node_eid[p_node])
+    inc_inst.append(p_inst)
+    p2p = inst.kind[idx] == P2P
+    if p2p.any():
+        lo = np.full(idx.size, n_nodes)
+        hi = np.full(idx.size, -1)
+        np.minimum.at(lo, c_pos, c_node)
+        np.maximum.at(hi, c_pos, c_node)
+        two = np.flatnonzero(p2p & (lo != hi) & (hi >= 0))
+        keys, link_of = np.unique(lo[two] * n_nodes + hi[two], return_inverse=True)
+        base = len(ent_names)
+        for k in keys:
+            a, b = divmod(int(k), n_nodes)
+            ent_names.append("link:" + "~".join(sorted((frame.nodes[a], frame.nodes[b]))))
+            ent_kinds.append("link")
+            ent_nodes.append(np.array([a, b]))
+        inc_ent.append(base + link_of.reshape(-1))
+        inc_inst.append(two)
+    if topo.switch_of:
+        sw_names = sorted({topo.switch_of.get(nm, "") for nm in frame.nodes} - {""})
+        if len(sw_names) >= 2:
+            sw_index = {s: i for i, s in enumerate(sw_names)}
+            node_sw = np.array([sw_index.get(topo.switch_of.get(nm, ""), -1) for nm in frame.nodes])
+            psw = node_sw[p_node]
+            has = psw >= 0
+            sw_pair = unique_ints(p_inst[has] * len(sw_names) + psw[has])
+            base = len(ent_names)
+            for s, sname in enumerate(sw_names):
+                ent_names.append(f"switch:{sname}")
+                ent_kinds.append("switch")
+                ent_nodes.append(np.flatnonzero(node_sw == s))
+            inc_ent.append(base + sw_pair % len(sw_names))
+            inc_inst.append(sw_pair // len(sw_names))
+    ie = np.concatenate(inc_ent)
+    ii = np.concatenate(inc_inst)
+    n_ent = len(ent_names)
+    cnt = np.bincount(ie, minlength=n_ent).astype(float)
+    e_left = e.copy()
+    for _ in range(_NET_ROUNDS):
+        total = e_left.sum()
+        if total <= 0:
+            break
+        sums = np.bincount(ie, weights=e_left[ii], minlength=n_ent)
+        s_in = sums / np.maximum(cnt, 1)
+        # specificity: instances that do not touch the entity must be faster, else the
+        # slowdown is everywhere (job-wide) and no single entity is to blame
+        s_out = (total - sums) / np.maximum(idx.size - cnt, 1)
+        score = np.where(cnt > 0, np.maximum(s_in - s_out, 0.0) * sums / total, 0.0)
+        best = int(np.argmax(score))
+        z = score[best] / s_ell
+        if z < Z_REPORT:
+            break
+        if ent_kinds[best] == "link" and ent_nodes[best].size == 1:
+            best = _disambiguate_node(best, score, ent_kinds, ent_nodes)
+            if best < 0:
+                break  # several nodes explain it equally and no switch holds them all
+        ids = ii[ie == best]
+        ratio = float(np.exp(e_left[ids][e_left[ids] > 0].mean()))
+        out.add(
+            ent_names[best],
+            ent_kinds[best],
+            z,
+            float(node_extra[ent_nodes[best]].max()),
+            f"transfers ×{ratio:.2f} on {int((e_left[ids] > 0).sum())} of {ids.size} instances",
+        )
+        e_left[ids] = 0.0
+
+
+def _disambiguate_node(
+    best: int,
+    score: np.ndarray,
+    kinds: list[str],
+    nodes: list[np.ndarray],
+) -> int:
+    """A node is blamed only if it stands out; nodes tied with it point to what they share.
+
+    When several nodes explain the slow transfers equally (every dp group of a stage spans
+    all its nodes, and all pipeline links are slow), no NIC is singled out: the smallest
+    switch under which all of them sit is the suspect, or nobody.
+    """
+    is_node = np.array([k == "link" and n.size == 1 for k, n in zip(kinds, nodes, strict=True)])
+    tied = np.flatnonzero(is_node & (score >= _NODE_TIE * score[best]))
+    if tied.size <= 1:
+        return best
+    tied_nodes = {int(nodes[i][0]) for i in tied}
+    holders = [
+        i for i, k in enumerate(kinds) if k == "switch" and tied_nodes <= set(nodes[i].tolist())
+    ]
+    if not holders:
+        return -1
+    return min(holders, key=lambda i: nodes[i].size)
