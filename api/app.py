@@ -15,7 +15,7 @@ from api import problems
 from api.deps import Ready
 from api.routes import health, incidents, jobs
 from storage.client import ClickHouse
-from storage.reader import Queries
+from storage.reader import Queries, Reader
 
 
 def _version() -> str:
@@ -25,8 +25,9 @@ def _version() -> str:
         return "0+unknown"
 
 
-def create_app(store: Queries | ClickHouse, ready: Ready | None = None) -> FastAPI:
-    """The API over `store` (a Queries, or a ClickHouse client to read through one);
+def create_app(store: Reader | ClickHouse, ready: Ready | None = None) -> FastAPI:
+    """The API over `store`: any `Reader` (`Queries` over ClickHouse, or the in-memory one
+    of `storage.testing` in tests), or a ClickHouse client to read through `Queries`.
     `ready()` -> (ok, reason) joins /readyz when given."""
     if isinstance(store, ClickHouse):
         store = Queries(store)

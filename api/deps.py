@@ -19,7 +19,7 @@ from typing import Annotated
 from fastapi import Depends, Query, Request
 
 from api.problems import bad_parameter
-from storage.reader import Queries
+from storage.reader import Reader
 
 I64_MAX = 2**63 - 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -27,15 +27,16 @@ _INT = re.compile(r"[+-]?\d{1,30}")
 Ready = Callable[[], tuple[bool, str]]
 
 
-def get_store(request: Request) -> Queries:
-    return request.app.state.store
+def get_store(request: Request) -> Reader:
+    store: Reader = request.app.state.store
+    return store
 
 
 def get_ready(request: Request) -> Ready | None:
     return request.app.state.ready
 
 
-StoreDep = Annotated[Queries, Depends(get_store)]
+StoreDep = Annotated[Reader, Depends(get_store)]
 ReadyDep = Annotated[Ready | None, Depends(get_ready)]
 
 Step = Annotated[int, Query(ge=0, le=I64_MAX)]

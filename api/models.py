@@ -1,55 +1,41 @@
 """Response models of the API, split from the storage rows they are built from.
 
 Storage may change (columns added, Float32 vs Float64, arrays vs JSON) without changing what
-clients see; the models also turn NaN and ±inf (a δ during warm-up, an average over nothing)
-into null, because JSON has no NaN and a serializer error would be a 500.
+clients see; floats that are NaN or ±inf become null, because JSON has no NaN and a
+serializer error would be a 500. The models that show a source shape whole are derived from
+it (`api.derive`): an incident from `schemas.wire.IncidentV1`, a step point from a
+`job_steps` row, a rank score from the reader's rank aggregates; their class bodies hold only
+descriptions and the field order clients have always seen.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, BeforeValidator, Field
+from pydantic import BaseModel, Field
 
+from api.derive import Num, derived_from
+from schemas.wire import IncidentV1
+from schemas.wire import Suspect as WireSuspect
+from storage.reader import RANK_SCORE_FIELDS, STEP_FIELDS
 
-def _finite(value: object) -> object:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-Num = Annotated[float | None, BeforeValidator(_finite)]
-IncidentStatus = Literal["open", "resolved"]
-IncidentKind = Literal["gpu", "node", "host", "link", "switch", "hang", "job"]
+IncidentStatus = Literal["open", "resolved"]  # IncidentV1.status (a test holds them equal)
 
 
+@derived_from(WireSuspect)
 class Suspect(BaseModel):
     entity: str = Field(
         description="rank:<n>, node:<name>, link:<a>~<b>, group:<g>, switch:<s> or job"
     )
-    confidence: Num
 
 
+@derived_from(IncidentV1)
 class Incident(BaseModel):
     """Incident v1 (DESIGN §3), the newest state stored."""
 
-    v: int = 1
-    id: str
-    job: str
-    status: IncidentStatus
-    kind: IncidentKind
-    culprit: str
-    suspects: list[Suspect]
+    v: int = 1  # shown as an integer with a default, as it always was
     onset_step: int = Field(description="first step of the evidence: when the problem began")
     opened_step: int = Field(description="the step whose processing opened the incident")
-    opened_ts_ns: int
-    last_step: int
-    resolved_step: int | None
-    slowdown: Num
-    lost_gpu_seconds: Num
-    evidence_steps: int
-    summary: str
 
 
 class IncidentPage(BaseModel):
@@ -61,6 +47,7 @@ class IncidentPage(BaseModel):
     )
 
 
+@derived_from(STEP_FIELDS)
 class StepPoint(BaseModel):
     """One job step: its time, the window's normal and the ratio δ between them."""
 
@@ -127,6 +114,7 @@ class StepSeries(BaseModel):
     )
 
 
+@derived_from(RANK_SCORE_FIELDS)
 class RankScore(BaseModel):
     """One rank over a step range; compute_ratio 1.0 = like its peers, above = slower."""
 

@@ -1,18 +1,25 @@
 """The read side of Flare's ClickHouse tables, as used by the API (and anyone scripting).
 
-Every read of a ReplacingMergeTree table uses FINAL, so an answer counts each step, rank and
-incident once even while re-delivered duplicates wait for a background merge. Results are
-plain dicts and lists; the API's models shape them. Float32 columns come back rounded to 6
-decimals (µs for seconds) rather than as float32 noise. Parameters are bound by ClickHouse
-(`{name:Type}`), never spliced into SQL; only validated integers (limits) are formatted in.
+`Reader` is what the API asks of storage; `Queries` answers it from ClickHouse, and
+`storage.testing.MemoryStore` answers it from memory for fast API tests. Every read of a
+ReplacingMergeTree table uses FINAL, so an answer counts each step, rank and incident once
+even while re-delivered duplicates wait for a background merge. Results are plain dicts and
+lists; the API's models shape them. Whole-row reads take their column lists from
+`storage.tables`, with two rules: DateTime64 columns come back as integer nanoseconds named
+`<name>_ns`, and Float32 columns come back rounded to 6 decimals (µs for seconds) rather than
+as float32 noise. Parameters are bound by ClickHouse (`{name:Type}`), never spliced into SQL;
+only validated integers (limits) and names from the table specs are formatted in.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from abc import abstractmethod
+from typing import Any, Literal, Protocol
 
 from storage.client import ClickHouse
+from storage.tables import DEAD_LETTERS, INCIDENTS, JOB_STEPS, RANK_STEPS, Column, Table
 
+Row = dict[str, Any]
 RankSort = Literal["rank", "caused_wait", "compute_ratio", "gap"]
 _RANK_ORDER: dict[str, str] = {
     "rank": "rank",
@@ -20,11 +27,50 @@ _RANK_ORDER: dict[str, str] = {
     "compute_ratio": "compute_ratio, rank",
     "gap": "gap_s DESC, rank",
 }
-_INCIDENT_COLUMNS = """id, job, status, kind, culprit, suspect_entities, suspect_confidences,
-    onset_step, opened_step, toUnixTimestamp64Nano(opened_ts) AS opened_ts_ns, last_step,
-    resolved_step, slowdown, lost_gpu_seconds, evidence_steps, summary"""
-_STEP_COLUMNS = """step, toUnixTimestamp64Nano(ts) AS ts_ns, step_time_s, baseline_s, delta,
-    irregular, level_shift, n_ranks, n_missing, n_detections"""
+
+
+def read_columns(table: Table, exclude: tuple[str, ...] = ()) -> tuple[Column, ...]:
+    """The columns a whole-row read returns: the written ones (not server bookkeeping such
+    as `inserted_at`) minus `exclude`."""
+    return tuple(c for c in table.written if c.name not in exclude)
+
+
+def _select(c: Column) -> str:
+    if c.read_name != c.name:
+        return f"toUnixTimestamp64Nano({c.name}) AS {c.read_name}"
+    if c.type == "Float32":
+        return f"round(toFloat64({c.name}), 6) AS {c.name}"
+    return c.name
+
+
+def select_list(columns: tuple[Column, ...]) -> str:
+    """The SELECT list of a whole-row read, with the two rules of the module docstring."""
+    return ", ".join(_select(c) for c in columns)
+
+
+# Whole rows: an incident (minus its ReplacingMergeTree version), a job step (its job is
+# the question), a dead letter.
+INCIDENT_COLUMNS = read_columns(INCIDENTS, exclude=("version",))
+STEP_COLUMNS = read_columns(JOB_STEPS, exclude=("job",))
+DEAD_LETTER_COLUMNS = read_columns(DEAD_LETTERS)
+STEP_FIELDS: tuple[tuple[str, Any], ...] = tuple((c.read_name, c.read_type) for c in STEP_COLUMNS)
+# Per-rank scores average every per-rank figure of rank_steps (its Float32 columns), and add
+# the total wait a rank caused and its lowest compute ratio.
+RANK_FIGURES = tuple(c for c in RANK_STEPS.written if c.type == "Float32")
+RANK_SCORE_FIELDS: tuple[tuple[str, Any], ...] = (
+    ("rank", int), ("node", str), ("steps", int),
+    *((c.name, float) for c in RANK_FIGURES),
+    ("caused_wait_total_s", float), ("min_compute_ratio", float),
+)
+_INCIDENTS_SQL = select_list(INCIDENT_COLUMNS)
+_STEPS_SQL = select_list(STEP_COLUMNS)
+_DEAD_LETTERS_SQL = select_list(DEAD_LETTER_COLUMNS)
+_RANK_SCORES_SQL = ", ".join([
+    "r.rank AS rank", "any(r.node) AS node", "count() AS steps",
+    *(f"round(avg(r.{c.name}), 6) AS {c.name}" for c in RANK_FIGURES),
+    "round(sum(r.caused_wait_s), 6) AS caused_wait_total_s",
+    "round(min(r.compute_ratio), 6) AS min_compute_ratio",
+])
 
 
 def _int(value: int) -> int:
@@ -34,8 +80,8 @@ def _int(value: int) -> int:
     return value
 
 
-def _incident(row: dict[str, Any]) -> dict[str, Any]:
-    """A stored incident row back in the shape of Incident v1."""
+def incident_from_row(row: Row) -> Row:
+    """A stored incident row back in the shape of Incident v1 (suspects as objects)."""
     entities = row.pop("suspect_entities")
     confidences = row.pop("suspect_confidences")
     row["suspects"] = [
@@ -44,7 +90,67 @@ def _incident(row: dict[str, Any]) -> dict[str, Any]:
     return {"v": 1, **row}
 
 
-class Queries:
+class Reader(Protocol):
+    """What the API asks of storage. Implementations subclass it explicitly, so the type
+    checker holds them to these signatures: `Queries` (ClickHouse) and
+    `storage.testing.MemoryStore` (in memory). Errors of the store are StorageError."""
+
+    @abstractmethod
+    def ping(self) -> bool:
+        """True when the store answers."""
+
+    @abstractmethod
+    def incidents(
+        self, *, job: str | None = None, status: str | None = None, kind: str | None = None,
+        since_ns: int | None = None, until_ns: int | None = None, limit: int = 100,
+        offset: int = 0, before: tuple[int, str] | None = None,
+    ) -> list[Row]:
+        """Incidents (Incident v1 shape), newest opening first (ties by id, descending);
+        the window [since, until) is on the opening time; `before` = (opened_ts_ns, id) of
+        the last item of a previous page (keyset pagination)."""
+
+    @abstractmethod
+    def incident(self, incident_id: str) -> Row | None:
+        """The newest state of one incident, or None."""
+
+    @abstractmethod
+    def detections(
+        self, job: str, entity: str, from_step: int, to_step: int, limit: int = 10_000
+    ) -> list[Row]:
+        """One suspect's per-step evidence over [from_step, to_step], by step and kind."""
+
+    @abstractmethod
+    def jobs(self, *, limit: int = 100, offset: int = 0) -> list[Row]:
+        """Every job with steps stored, by name, with its newest step and incident counts."""
+
+    @abstractmethod
+    def job(self, job: str) -> Row | None:
+        """One job's summary, or None when no step of it is stored."""
+
+    @abstractmethod
+    def last_step(self, job: str) -> int | None:
+        """The newest stored step of a job, or None for an unknown job."""
+
+    @abstractmethod
+    def steps(
+        self, job: str, *, from_step: int | None = None, to_step: int | None = None,
+        limit: int = 1000, stride: int = 1, irregular: list[str] | None = None,
+    ) -> list[Row]:
+        """A job's step series (`STEP_FIELDS`) in step order; see `Queries.steps`."""
+
+    @abstractmethod
+    def rank_scores(
+        self, job: str, from_step: int, to_step: int, *, sort: RankSort = "rank",
+        limit: int = 10_000,
+    ) -> list[Row]:
+        """Per-rank figures (`RANK_SCORE_FIELDS`) over steps [from_step, to_step]."""
+
+    @abstractmethod
+    def dead_letters(self, *, topic: str | None = None, limit: int = 100) -> list[Row]:
+        """Stored dead letters, by topic and partition, newest offsets first."""
+
+
+class Queries(Reader):
     """Read-only questions about jobs, steps, ranks and incidents."""
 
     def __init__(self, db: ClickHouse) -> None:
@@ -66,7 +172,7 @@ class Queries:
         limit: int = 100,
         offset: int = 0,
         before: tuple[int, str] | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Row]:
         """Incidents, newest opening first (ties by id); the time window is on the opening
         time [since, until). `before` = (opened_ts_ns, id) of the last item of a previous page
         (keyset pagination: stable while new incidents arrive)."""
@@ -86,24 +192,24 @@ class Queries:
             where.append("(toUnixTimestamp64Nano(opened_ts), id) < ({b_ts:Int64}, {b_id:String})")
             params["b_ts"], params["b_id"] = before
         sql = (
-            f"SELECT {_INCIDENT_COLUMNS} FROM {self.db.table('incidents')} FINAL"
+            f"SELECT {_INCIDENTS_SQL} FROM {self.db.table('incidents')} FINAL"
             f" WHERE {' AND '.join(where) or '1'}"
             f" ORDER BY opened_ts DESC, id DESC LIMIT {_int(limit)} OFFSET {_int(offset)}"
         )
-        return [_incident(r) for r in self.db.rows(sql, params)]
+        return [incident_from_row(r) for r in self.db.rows(sql, params)]
 
-    def incident(self, incident_id: str) -> dict[str, Any] | None:
+    def incident(self, incident_id: str) -> Row | None:
         """The newest state of one incident, or None."""
         rows = self.db.rows(
-            f"SELECT {_INCIDENT_COLUMNS} FROM {self.db.table('incidents')} FINAL"
+            f"SELECT {_INCIDENTS_SQL} FROM {self.db.table('incidents')} FINAL"
             " WHERE id = {id:String} LIMIT 1",
             {"id": incident_id},
         )
-        return _incident(rows[0]) if rows else None
+        return incident_from_row(rows[0]) if rows else None
 
     def detections(
         self, job: str, entity: str, from_step: int, to_step: int, limit: int = 10_000
-    ) -> list[dict[str, Any]]:
+    ) -> list[Row]:
         """One suspect's per-step evidence over a step range (an incident's culprit)."""
         return self.db.rows(
             "SELECT step, kind, round(toFloat64(score), 6) AS score,"
@@ -117,7 +223,7 @@ class Queries:
 
     # -- jobs and steps ----------------------------------------------------------------------
 
-    def _job_summaries(self, where: str, params: dict[str, Any], tail: str) -> list[dict]:
+    def _job_summaries(self, where: str, params: dict[str, Any], tail: str) -> list[Row]:
         rows = self.db.rows(
             "SELECT job, count() AS steps, max(step) AS last_step,"
             " argMax(toUnixTimestamp64Nano(ts), step) AS last_ts_ns,"
@@ -144,13 +250,13 @@ class Queries:
             r["incidents"] = c.get("incidents", 0)
         return rows
 
-    def jobs(self, *, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+    def jobs(self, *, limit: int = 100, offset: int = 0) -> list[Row]:
         """Every job with steps stored: its newest step, step time, δ and incident counts."""
         return self._job_summaries(
             "1", {}, f"ORDER BY job LIMIT {_int(limit)} OFFSET {_int(offset)}"
         )
 
-    def job(self, job: str) -> dict[str, Any] | None:
+    def job(self, job: str) -> Row | None:
         """One job's summary, or None when no step of it is stored."""
         rows = self._job_summaries("job = {job:String}", {"job": job}, "")
         return rows[0] if rows else None
@@ -174,7 +280,7 @@ class Queries:
         limit: int = 1000,
         stride: int = 1,
         irregular: list[str] | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Row]:
         """A job's step series in step order. Without `from_step` it is the newest `limit`
         steps up to `to_step`; `stride` keeps every stride-th step counted from `from_step`
         (long incidents' evidence); `irregular` keeps only those classes."""
@@ -194,7 +300,7 @@ class Queries:
             params["irr"] = irregular
         order = "ASC" if from_step is not None else "DESC"
         rows = self.db.rows(
-            f"SELECT {_STEP_COLUMNS} FROM {self.db.table('job_steps')} FINAL"
+            f"SELECT {_STEPS_SQL} FROM {self.db.table('job_steps')} FINAL"
             f" WHERE {' AND '.join(where)} ORDER BY step {order} LIMIT {_int(limit)}",
             params,
         )
@@ -210,18 +316,11 @@ class Queries:
         *,
         sort: RankSort = "rank",
         limit: int = 10_000,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Row]:
         """Per-rank figures averaged over steps [from_step, to_step]: compute ratio vs peers,
         idle gap (host), wait and caused wait (how much this rank made its peers wait)."""
         return self.db.rows(
-            "SELECT r.rank AS rank, any(r.node) AS node, count() AS steps,"
-            " round(avg(r.step_s), 6) AS step_s, round(avg(r.compute_s), 6) AS compute_s,"
-            " round(avg(r.comm_s), 6) AS comm_s, round(avg(r.gap_s), 6) AS gap_s,"
-            " round(avg(r.wait_s), 6) AS wait_s, round(avg(r.caused_wait_s), 6) AS caused_wait_s,"
-            " round(sum(r.caused_wait_s), 6) AS caused_wait_total_s,"
-            " round(avg(r.compute_ratio), 6) AS compute_ratio,"
-            " round(min(r.compute_ratio), 6) AS min_compute_ratio"
-            f" FROM {self.db.table('rank_steps')} AS r FINAL"
+            f"SELECT {_RANK_SCORES_SQL} FROM {self.db.table('rank_steps')} AS r FINAL"
             " WHERE r.job = {job:String} AND r.step >= {lo:UInt64} AND r.step <= {hi:UInt64}"
             f" GROUP BY rank ORDER BY {_RANK_ORDER[sort]} LIMIT {_int(limit)}",
             {"job": job, "lo": from_step, "hi": to_step},
@@ -229,12 +328,12 @@ class Queries:
 
     # -- dead letters ------------------------------------------------------------------------
 
-    def dead_letters(self, *, topic: str | None = None, limit: int = 100) -> list[dict]:
+    def dead_letters(self, *, topic: str | None = None, limit: int = 100) -> list[Row]:
         """Stored dead letters, newest offsets first (for operators and tests)."""
         where, params = ("topic = {topic:String}", {"topic": topic}) if topic else ("1", {})
         return self.db.rows(
-            "SELECT topic, partition, offset, reason, payload_b64"
-            f" FROM {self.db.table('dead_letters')} FINAL WHERE {where}"
+            f"SELECT {_DEAD_LETTERS_SQL} FROM {self.db.table('dead_letters')} FINAL"
+            f" WHERE {where}"
             f" ORDER BY topic, partition, offset DESC LIMIT {_int(limit)}",
             params,
         )

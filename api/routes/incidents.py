@@ -8,15 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.deps import Offset, StoreDep, decode_cursor, encode_cursor, parse_time
-from api.models import (
-    Evidence,
-    Incident,
-    IncidentDetail,
-    IncidentKind,
-    IncidentPage,
-    IncidentStatus,
-)
+from api.models import Evidence, Incident, IncidentDetail, IncidentPage, IncidentStatus
 from api.problems import bad_parameter, not_found, responses
+from schemas.wire import IncidentKind
 
 router = APIRouter(prefix="/incidents", tags=["incidents"])
 
@@ -54,11 +48,10 @@ def list_incidents(
         job=job, status=status, kind=kind, since_ns=since_ns, until_ns=until_ns,
         limit=limit, offset=offset, before=before,
     )
-    items = [Incident.model_validate(r) for r in rows]
-    last = items[-1] if len(items) == limit else None
+    last = rows[-1] if len(rows) == limit else None
     return IncidentPage(
-        items=items, limit=limit, offset=offset,
-        next_cursor=encode_cursor(last.opened_ts_ns, last.id) if last else None,
+        items=[Incident.model_validate(r) for r in rows], limit=limit, offset=offset,
+        next_cursor=encode_cursor(last["opened_ts_ns"], last["id"]) if last else None,
     )
 
 

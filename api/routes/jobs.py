@@ -13,14 +13,14 @@ from fastapi import APIRouter, Query
 from api.deps import Offset, Step, StoreDep
 from api.models import JobHealth, JobPage, RankScores, StepPoint, StepSeries
 from api.problems import bad_parameter, not_found, responses
-from storage.reader import Queries, RankSort
+from storage.reader import RankSort, Reader, Row
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 HEALTHY = ("normal", "warmup")
 
 
-def _health(row: dict) -> JobHealth:
+def _health(row: Row) -> JobHealth:
     if row["open_incidents"]:
         health = "incident"
     elif row["irregular"] not in HEALTHY:
@@ -30,7 +30,7 @@ def _health(row: dict) -> JobHealth:
     return JobHealth.model_validate({**row, "health": health})
 
 
-def _last_step(store: Queries, job: str) -> int:
+def _last_step(store: Reader, job: str) -> int:
     last = store.last_step(job)
     if last is None:
         raise not_found(f"no steps stored for job {job!r}")

@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
             30.0, "--wait", help="seconds to wait for ClickHouse to answer before giving up"
         ),
         migrate: bool = typer.Option(
-            True, help="apply the (idempotent) DDL at start, so an empty ClickHouse works"
+            True, help="apply the DDL migrations the database has not recorded yet, so an "
+            "empty ClickHouse works (a changed, already applied migration exits 1)"
         ),
     ) -> None:
         """Serve /v1 incidents, jobs, steps and ranks, /healthz, /readyz and /openapi.json."""
@@ -54,9 +55,14 @@ def register(app: typer.Typer) -> None:
             db = connect_when_ready(
                 settings.clickhouse_url, settings.clickhouse_password, timeout_s=wait_s
             )
+        except (StorageError, ValueError) as exc:
+            typer.echo(f"flare api: {exc}", err=True)
+            raise typer.Exit(1) from None
+        try:
             if migrate:
                 apply_schema(db)
-        except (StorageError, ValueError) as exc:
+        except StorageError as exc:  # MigrationError too: a shipped migration was changed
+            db.close()  # frees an embedded engine's data directory
             typer.echo(f"flare api: {exc}", err=True)
             raise typer.Exit(1) from None
         typer.echo(

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from flare.commands import api as api_command
 from storage.client import connect
 from storage.migrations import apply_schema
-from tests.integration.test_api import load
+from storage.testing import load_sample
+from storage.writer import Sink
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -43,7 +44,7 @@ def test_flare_api_serves_what_is_stored(
     url = f"chdb://{tmp_path / 'chdb'}"
     db = connect(url)
     apply_schema(db)
-    load(db)
+    load_sample(Sink(db))
     db.close()  # the command owns the engine from here on, as a separate process would
     seen: dict = {}
 
@@ -73,3 +74,19 @@ def test_flare_api_exits_1_with_the_reason(
     result = CliRunner().invoke(cli(), ["api", "--clickhouse-url", url, "--wait", "0"])
     assert result.exit_code == 1
     assert "flare api: " in result.output and reason in result.output
+
+
+@pytest.mark.integration
+def test_flare_api_refuses_a_database_whose_migration_changed(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"chdb://{tmp_path / 'chdb'}"
+    db = connect(url)
+    apply_schema(db)
+    db.command(f"INSERT INTO {db.table('schema_migrations')} (version, name, checksum)"
+               " VALUES (20, '020_rank_steps.sql', 'not-what-shipped')")
+    db.close()
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("must not serve"))
+    result = CliRunner().invoke(cli(), ["api", "--clickhouse-url", url])
+    assert result.exit_code == 1
+    assert "020_rank_steps.sql" in result.output and "must not change" in result.output

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from api.app import create_app
 from storage.client import ClickHouse, connect
 from storage.migrations import apply_schema
-from tests.integration.test_api import JOB, load
+from storage.testing import SAMPLE_JOB as JOB
+from storage.testing import load_sample
+from storage.writer import Sink
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -35,7 +37,7 @@ segments = st.one_of(st.text(max_size=40), st.sampled_from([JOB, "quiet", "many"
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     db: ClickHouse = connect(f"chdb://{tmp_path_factory.mktemp('chdb')}?database=test_fuzz")
     apply_schema(db)
-    load(db)
+    load_sample(Sink(db))
     yield TestClient(create_app(db), raise_server_exceptions=False)
     db.close()
 

@@ -1,0 +1,56 @@
+"""storage.client: URLs parsed and redacted, and the connect retry policy on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import SecretStr
+
+from schemas.testing import FakeClock
+from storage.client import StorageError, connect_when_ready, parse_url
+
+
+@pytest.mark.parametrize(
+    ("url", "path", "database"),
+    [
+        ("chdb:///var/lib/flare", "/var/lib/flare", "flare"),
+        ("chdb:///./data/chdb", "./data/chdb", "flare"),
+        ("chdb:///../x?database=other", "../x", "other"),
+        ("chdb://:memory:", ":memory:", "flare"),
+        ("chdb://memory", ":memory:", "flare"),
+    ],
+)
+def test_parse_chdb_urls(url: str, path: str, database: str) -> None:
+    parsed = parse_url(url)
+    assert (parsed.scheme, parsed.path, parsed.database) == ("chdb", path, database)
+    assert parsed.embedded
+
+
+def test_parse_server_url_takes_password_from_settings_and_hides_it() -> None:
+    parsed = parse_url("https://alice@ch.example:8443/prod", SecretStr("s3cret"))
+    assert (parsed.host, parsed.port, parsed.username, parsed.database) == (
+        "ch.example", 8443, "alice", "prod")
+    assert parsed.password == "s3cret"
+    assert "s3cret" not in repr(parsed) and "s3cret" not in parsed.redacted()
+    assert parse_url("http://bob:pw@h/").password == "pw"  # the URL's own password wins
+    assert parse_url("http://h").database == "flare"
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://h/db", "chdb://relative/path", "http:///db", "http://h/bad-name", "http://h:99999/",
+     "clickhouse.example:8123", ""],
+)
+def test_bad_urls_say_why(url: str) -> None:
+    with pytest.raises(ValueError, match="ClickHouse URL"):
+        parse_url(url)
+
+
+def test_connect_when_ready_retries_on_a_fake_clock_then_gives_up() -> None:
+    clock = FakeClock(start_ns=0)
+    with pytest.raises(StorageError, match="gave up after 3 s"):
+        connect_when_ready("http://127.0.0.1:1/", timeout_s=3, interval_s=1,
+                           now=clock.seconds, sleep=clock.sleep)
+    assert clock.sleeps == [1, 1, 1]
+    with pytest.raises(ValueError):  # a malformed URL fails at once
+        connect_when_ready("nope://", now=clock.seconds, sleep=clock.sleep)
+    assert len(clock.sleeps) == 3
