@@ -36,7 +36,9 @@ import numpy as np
 import orjson
 
 from producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
+from producers.simulator.emit import steps_value
 from schemas.decode import decode_steps
+from schemas.frame import StepFrame
 from schemas.steps_decoder import StepsDecoder
 from schemas.wire import StepsV1
 
@@ -77,8 +79,9 @@ def main() -> None:
     sc = Scenario(job="bench", layout=layout_for_gpus(args.gpus), steps=args.steps, seed=1,
                   microbatches=args.microbatches, chunks=args.chunks, heartbeats=False)
     sim = ClusterSimulator(sc)
-    steps = [[orjson.dumps(m.to_wire()) for m in sim.rank_steps(f)[: args.ranks]]
-             for f in sim.run()]
+    frames = [f for f in sim.run() if isinstance(f, StepFrame)]
+    steps = [[orjson.dumps(steps_value(f, i)) for i in range(min(args.ranks, f.n_ranks))]
+             for f in frames]
     first, warm = steps[0], [raw for s in steps[1:] for raw in s]
     n_ops = [len(msgspec.json.decode(r, type=StepsV1).ops.kind) for r in first]
     kb = statistics.mean(len(r) for r in first) / 1024

@@ -210,7 +210,10 @@ def _cpu_per_step(n_ops: int) -> float:
 
 
 def step_overhead(world: int, steps: int, repeats: int) -> dict:
-    from producers.agent.daemon import AgentCore, AgentDaemon, MemoryPublisher, Outbox
+    from producers.agent.core import AgentCore
+    from producers.agent.outbox import Outbox
+    from producers.agent.server import AgentDaemon
+    from producers.testing import MemoryPublisher
 
     tmp = Path(tempfile.mkdtemp(prefix="flare-bench-", dir="/tmp"))
     sock = tmp / "agent.sock"

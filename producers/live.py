@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from schemas.clock import SecondsClock
+
 Event = tuple[str, str | bytes, Mapping[str, Any] | bytes, int]
 """(topic, key, value, ts_ns): one message and the cluster time it belongs to."""
 
@@ -41,7 +43,7 @@ def publish_events(
     publisher: PublisherLike,
     speed: float | None = None,
     *,
-    clock: Callable[[], float] = time.monotonic,
+    clock: SecondsClock = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     should_stop: Callable[[], bool] = lambda: False,
     poll_every: int = 1000,

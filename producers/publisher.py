@@ -1,6 +1,8 @@
-"""A thin, typed confluent-kafka producer for wire-contract messages.
+"""A thin, typed confluent-kafka producer for wire-contract messages, and what a publisher is.
 
-Three settings matter and are not librdkafka's defaults:
+Where the cluster is and how to authenticate is the caller's `KafkaConnection` (built once by
+the CLI from `FLARE_KAFKA_*`); this module adds only the producer settings. Four of them
+matter and are not librdkafka's defaults:
 - `partitioner=murmur2_random`: the Java clients, aiokafka and faust hash keys with murmur2;
   librdkafka defaults to CRC32. With murmur2 a job lands on the same partition whoever
   publishes it, so one worker sees all of a job.
@@ -25,6 +27,11 @@ from typing import Any, Protocol
 
 import orjson
 
+from schemas.kafka import KafkaConnection
+
+Message = tuple[str, bytes, bytes]
+"""(topic, key, value) of one encoded message, as the node agent queues it."""
+
 DEFAULT_LINGER_MS = 20
 DEFAULT_BATCH_BYTES = 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -33,6 +40,15 @@ DEFAULT_COMPRESSION = "lz4"
 
 class PublishError(RuntimeError):
     """Some messages could not be delivered to the broker."""
+
+
+class Publisher(Protocol):
+    """What a source of messages needs of a publisher: `KafkaPublisher`, or a fake in tests
+    (`producers.testing.MemoryPublisher`) and dry runs."""
+
+    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None: ...
+
+    def flush(self, timeout_s: float = ...) -> Any: ...
 
 
 class KafkaProducerLike(Protocol):
@@ -49,7 +65,7 @@ class KafkaProducerLike(Protocol):
 
 
 def producer_config(
-    bootstrap: str,
+    conn: KafkaConnection,
     *,
     linger_ms: int = DEFAULT_LINGER_MS,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
@@ -57,9 +73,10 @@ def producer_config(
     compression: str = DEFAULT_COMPRESSION,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The librdkafka configuration of every Flare producer; `extra` overrides it."""
+    """The librdkafka configuration of every Flare producer: the connection's, plus the
+    producer settings above; `extra` overrides both."""
     conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
+        **conn.librdkafka(),
         "enable.idempotence": True,
         "acks": "all",
         "partitioner": "murmur2_random",
@@ -96,12 +113,12 @@ def encode_key(key: str | bytes) -> bytes:
     return key if isinstance(key, bytes) else key.encode("utf-8")
 
 
-class Publisher:
+class KafkaPublisher:
     """Publish wire messages keyed by job; call `flush()` (or use `with`) before exiting."""
 
     def __init__(
         self,
-        bootstrap: str,
+        conn: KafkaConnection,
         *,
         linger_ms: int = DEFAULT_LINGER_MS,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
@@ -110,7 +127,7 @@ class Publisher:
         producer_factory: Callable[[dict[str, Any]], KafkaProducerLike] | None = None,
     ) -> None:
         self.config = producer_config(
-            bootstrap, linger_ms=linger_ms, batch_bytes=batch_bytes,
+            conn, linger_ms=linger_ms, batch_bytes=batch_bytes,
             max_message_bytes=max_message_bytes, extra=extra,
         )
         if producer_factory is None:
@@ -162,7 +179,7 @@ class Publisher:
         delivery failures are reported)."""
         self._producer.close()
 
-    def __enter__(self) -> Publisher:
+    def __enter__(self) -> KafkaPublisher:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -1,6 +1,8 @@
-"""Reading a recorded stream (`.jsonl`, DESIGN §3): one Kafka message per line.
+"""Recorded streams (`.jsonl`, DESIGN §3), one Kafka message per line: the one reader and writer.
 
-Each line is `{"topic": ..., "key": "<job>", "value": {...}}`. A `value` that is a JSON
+The simulator, `flare replay --kineto --out` and `flare agent --dry-run` write them, `flare
+replay` and `flare diagnose` read them; keeping both directions here keeps the line format in
+one place. Each line is `{"topic": ..., "key": "<job>", "value": {...}}`. A `value` that is a JSON
 string is published verbatim as its UTF-8 bytes, so a recording can carry deliberately
 malformed payloads (dead-letter tests, bug reports). Files ending in `.gz` are read through
 gzip. The cluster time of each message (for paced replay) is its `ts_ns`, or `t_end_ns` for
@@ -93,6 +95,11 @@ def recording_events(path: str | Path) -> Iterator[tuple[str, str, Mapping[str, 
         yield m.as_event()
 
 
+def recording_line(topic: str, key: str, value: Mapping[str, Any]) -> bytes:
+    """One line of a recording, newline included."""
+    return orjson.dumps({"topic": topic, "key": key, "value": value}) + b"\n"
+
+
 def write_events(events: Iterable[tuple[str, str, Any, int]], path: str | Path) -> int:
     """Write `(topic, key, value, ts_ns)` events as a recorded stream; returns the count.
 
@@ -104,7 +111,7 @@ def write_events(events: Iterable[tuple[str, str, Any, int]], path: str | Path) 
     n = 0
     with open(tmp, "wb", buffering=1 << 20) as fh:
         for topic, key, value, _ts in events:
-            fh.write(orjson.dumps({"topic": topic, "key": key, "value": value}) + b"\n")
+            fh.write(recording_line(topic, key, value))
             n += 1
     tmp.replace(p)
     return n

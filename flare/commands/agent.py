@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import typer
+
+from producers.agent.cadence import INTERVAL_S, KEEPALIVE_S, LONG_OP_S
 
 
 def register(app: typer.Typer) -> None:
@@ -20,17 +24,17 @@ def register(app: typer.Typer) -> None:
             "", envvar="FLARE_NODE", show_envvar=True, help="node name [default: host name]",
         ),
         interval_s: float = typer.Option(
-            1.0, "--interval", envvar="FLARE_AGENT_INTERVAL_S", show_envvar=True,
+            INTERVAL_S, "--interval", envvar="FLARE_AGENT_INTERVAL_S", show_envvar=True,
             help="seconds between heartbeat samples of each rank",
         ),
         keepalive_s: float = typer.Option(
-            5.0, "--keepalive-s", envvar="FLARE_AGENT_KEEPALIVE_S", show_envvar=True,
+            KEEPALIVE_S, "--keepalive-s", envvar="FLARE_AGENT_KEEPALIVE_S", show_envvar=True,
             help="publish a rank's heartbeat at least this often; in between only when its "
                  "set of long in-flight ops changes (keepalive + long-op must stay below the "
                  "10 s hang timeout)",
         ),
         long_op_s: float = typer.Option(
-            3.0, "--long-op-s", envvar="FLARE_AGENT_LONG_OP_S", show_envvar=True,
+            LONG_OP_S, "--long-op-s", envvar="FLARE_AGENT_LONG_OP_S", show_envvar=True,
             help="an op in flight this long is 'long': its start and end are published at once",
         ),
         max_messages: int = typer.Option(
@@ -47,7 +51,9 @@ def register(app: typer.Typer) -> None:
         import sys
 
         from flare.settings import Settings
-        from producers.agent.daemon import Cadence, Publisher, run_agent
+        from producers.agent.cadence import Cadence
+        from producers.agent.server import run_agent
+        from producers.publisher import KafkaPublisher, Publisher
         from producers.torch_hook.wire import default_socket_path
 
         try:
@@ -60,10 +66,8 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             publisher = _StdoutPublisher()
         else:
-            from producers.publisher import Publisher as KafkaPublisher
-
-            bootstrap = settings.kafka_bootstrap or f"127.0.0.1:{settings.kafka_port}"
-            publisher = KafkaPublisher(bootstrap, max_message_bytes=settings.max_message_bytes)
+            publisher = KafkaPublisher(settings.kafka_connection(),
+                                       max_message_bytes=settings.max_message_bytes)
 
         async def main() -> None:
             stop = asyncio.Event()
@@ -82,12 +86,14 @@ def register(app: typer.Typer) -> None:
 class _StdoutPublisher:
     """Dry run: one recorded-stream line per message (DESIGN §3 `.jsonl`)."""
 
-    def publish(self, topic: str, key: str | bytes, value: object) -> None:
+    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None:
         import orjson
+
+        from producers.recording import recording_line
 
         k = key.decode() if isinstance(key, bytes) else key
         v = orjson.loads(value) if isinstance(value, bytes) else value
-        typer.echo(orjson.dumps({"topic": topic, "key": k, "value": v}).decode())
+        typer.echo(recording_line(topic, k, v).decode(), nl=False)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         return None

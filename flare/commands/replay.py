@@ -42,10 +42,9 @@ def register(app: typer.Typer) -> None:
         from flare.settings import Settings
         from producers.kineto.replay import KinetoError, kineto_to_events
         from producers.live import publish_events
-        from producers.publisher import Publisher, PublishError
+        from producers.publisher import KafkaPublisher, PublishError
         from producers.recording import RecordingError, recording_events, write_events
         from streams.kafka.topics import TopicError, ensure_topics
-        from streams.worker import local_bootstrap
 
         if (recording is None) == (not kineto):
             typer.echo("error: give a recording or --kineto DIR (not both)", err=True)
@@ -65,14 +64,14 @@ def register(app: typer.Typer) -> None:
             n = write_events(events, out)
             typer.echo(f"wrote {n} messages to {out}")
             return
-        settings = Settings(kafka_bootstrap=bootstrap) if bootstrap else Settings()
-        address = local_bootstrap(settings)
-        publisher: Publisher | None = None
+        settings = Settings()
+        conn = settings.kafka_connection(bootstrap)
+        publisher: KafkaPublisher | None = None
         try:
-            wait_for_broker(address, timeout_s=15.0)
+            wait_for_broker(conn, timeout_s=15.0)
             if create_topics:
-                ensure_topics(address, settings.partitions)
-            publisher = Publisher(address)
+                ensure_topics(conn, settings.partitions)
+            publisher = KafkaPublisher(conn)
             summary = publish_events(events, publisher, speed)
             stats = publisher.flush()
         except RecordingError as exc:
@@ -88,4 +87,4 @@ def register(app: typer.Typer) -> None:
         span = ""
         if summary.first_ts_ns is not None and summary.last_ts_ns is not None:
             span = f" spanning {(summary.last_ts_ns - summary.first_ts_ns) / 1e9:.1f} s"
-        typer.echo(f"published {stats.delivered} messages{span} to {address}")
+        typer.echo(f"published {stats.delivered} messages{span} to {conn.bootstrap}")

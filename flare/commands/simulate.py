@@ -96,13 +96,14 @@ def _publish_live(sim, bootstrap: str, speed: float, console) -> None:  # noqa: 
     """Publish the run in (scaled) real time until it ends or SIGTERM / Ctrl-C."""
     import signal
 
+    from flare.settings import Settings
     from producers.live import publish_events
-    from producers.publisher import Publisher, PublishError
+    from producers.publisher import KafkaPublisher, PublishError
 
     stopping: list[bool] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:
-        publisher = Publisher(bootstrap)
+        publisher = KafkaPublisher(Settings().kafka_connection(bootstrap))
         console.print(f"publishing {sim.truth.job} to {bootstrap} (×{speed or 'max'} speed)")
         summary = publish_events(
             sim.events(), publisher, speed or None, should_stop=lambda: bool(stopping)

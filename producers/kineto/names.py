@@ -38,7 +38,6 @@ _DTYPE_BYTES = {
     "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "complexfloat": 8,
     "complexdouble": 16,
 }
-_GROUP_KINDS = ("tp", "dp", "pp", "ep", "cp")
 _DESC_KIND = re.compile(r"(?:^|[_\-.:])(tp|dp|pp|ep|cp)$")
 _SAFE = re.compile(r"[^A-Za-z0-9_\-:]")
 UNKNOWN_GROUP = "pg.unknown"

@@ -20,9 +20,8 @@ from typing import Any
 import orjson
 
 from producers.kineto.trace import KinetoError, RankTrace, parse_trace
+from schemas import topics
 
-STEPS_TOPIC = "flare.steps.v1"
-JOBS_TOPIC = "flare.jobs.v1"
 _RANK_IN_NAME = re.compile(r"rank[_\-]?(\d+)", re.IGNORECASE)
 _TB_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
 _SUFFIXES = (".json", ".json.gz")
@@ -83,8 +82,8 @@ def kineto_to_events(paths: Iterable[str | Path], job: str) -> Iterator[Event]:
         raise KinetoError(f"several trace files claim rank(s) {sorted(dup)}")
     world = max([t.world_size for t in traces] + [max(ranks) + 1])
     t_first = min(m["t_start_ns"] for t in traces for m in t.steps)
-    yield (JOBS_TOPIC, job, {"v": 1, "job": job, "event": "start", "ts_ns": t_first,
+    yield (topics.JOBS, job, {"v": 1, "job": job, "event": "start", "ts_ns": t_first,
                              "world_size": world}, t_first)
     streams = [[(m["t_end_ns"], t.rank, m["step"], m) for m in t.steps] for t in traces]
     for ts, _rank, _step, msg in heapq.merge(*streams, key=lambda x: x[:3]):
-        yield (STEPS_TOPIC, job, msg, ts)
+        yield (topics.STEPS, job, msg, ts)

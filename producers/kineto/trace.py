@@ -38,6 +38,7 @@ from producers.kineto.names import (
     is_nccl_kernel,
     message_bytes,
 )
+from schemas.steps_message import steps_message
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _SEQ_SHIFT = 20
@@ -275,18 +276,15 @@ def parse_trace(doc: Mapping[str, Any], job: str, *, rank: int | None, node: str
         seqs += list(range(len(compute)))
         allops = comm + compute
         t_end = max([t1] + [o.start_ns + o.dur_ns for o in allops])
-        messages.append({
-            "v": 1, "job": job, "rank": rank, "node": node, "local_rank": local,
-            "step": step_no, "t_start_ns": t0, "t_end_ns": t_end,
-            "ops": {
-                "kind": [o.kind for o in allops],
-                "name": [o.name for o in allops],
-                "group": [(o.group or UNKNOWN_GROUP) if o.kind != "compute" else ""
-                          for o in allops],
-                "seq": seqs,
-                "start_ns": [max(o.start_ns - t0, 0) for o in allops],
-                "dur_ns": [o.dur_ns for o in allops],
-                "bytes": [o.nbytes for o in allops],
-            },
-        })
+        messages.append(steps_message(
+            job=job, rank=rank, node=node, local_rank=local, step=step_no,
+            t_start_ns=t0, t_end_ns=t_end,
+            kind=[o.kind for o in allops],
+            name=[o.name for o in allops],
+            group=[(o.group or UNKNOWN_GROUP) if o.kind != "compute" else "" for o in allops],
+            seq=seqs,
+            start_ns=[max(o.start_ns - t0, 0) for o in allops],
+            dur_ns=[o.dur_ns for o in allops],
+            bytes=[o.nbytes for o in allops],
+        ))
     return RankTrace(rank, world, node, local, messages)

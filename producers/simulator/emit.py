@@ -9,13 +9,16 @@ node's clock offset added (clocks of different nodes disagree; durations do not)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from producers.agent.cadence import GridCadence
 from producers.simulator.engine import ALL_TO_ALL, NAMES, StepRecord
 from producers.simulator.topology import Topology
 from schemas.frame import StepFrame
-from schemas.rankstep import COMPUTE, COORD_DIMS, RankStep
+from schemas.rankstep import COMPUTE, COORD_DIMS, OP_KINDS, RankStep
+from schemas.steps_message import steps_message
 from schemas.wire import HeartbeatV1, InflightOp
 
 
@@ -115,13 +118,16 @@ def build_frame(
     return frame, t1
 
 
+def _coords(frame: StepFrame, i: int) -> dict[str, int]:
+    return {
+        dim: int(v) for dim, v in zip(COORD_DIMS, frame.coords[i].tolist(), strict=True) if v >= 0
+    }
+
+
 def rank_step(frame: StepFrame, i: int) -> RankStep:
     """Row i of a frame as the decoded form of its `flare.steps.v1` message."""
     lo, hi = int(frame.off[i]), int(frame.off[i + 1])
     names, groups = frame.names, frame.groups
-    coords = {
-        dim: int(v) for dim, v in zip(COORD_DIMS, frame.coords[i].tolist(), strict=True) if v >= 0
-    }
     return RankStep(
         job=frame.job,
         rank=int(frame.rank[i]),
@@ -137,7 +143,30 @@ def rank_step(frame: StepFrame, i: int) -> RankStep:
         dur_ns=frame.op_dur_ns[lo:hi],
         bytes=frame.op_bytes[lo:hi],
         local_rank=int(frame.local_rank[i]),
-        coords=coords,
+        coords=_coords(frame, i),
+    )
+
+
+def steps_value(frame: StepFrame, i: int) -> dict[str, Any]:
+    """Row i of a frame as its `flare.steps.v1` value (plain lists: any JSON encoder)."""
+    lo, hi = int(frame.off[i]), int(frame.off[i + 1])
+    names, groups = frame.names, frame.groups
+    return steps_message(
+        job=frame.job,
+        rank=int(frame.rank[i]),
+        node=frame.nodes[int(frame.node[i])],
+        step=frame.step,
+        t_start_ns=int(frame.t_start_ns[i]),
+        t_end_ns=int(frame.t_end_ns[i]),
+        kind=[OP_KINDS[k] for k in frame.op_kind[lo:hi].tolist()],
+        name=[names[k] for k in frame.op_name[lo:hi].tolist()],
+        group=[groups[g] for g in frame.op_group[lo:hi].tolist()],
+        seq=frame.op_seq[lo:hi].tolist(),
+        start_ns=frame.op_start_ns[lo:hi].tolist(),
+        dur_ns=frame.op_dur_ns[lo:hi].tolist(),
+        bytes=frame.op_bytes[lo:hi].tolist(),
+        local_rank=int(frame.local_rank[i]),
+        coords=_coords(frame, i),
     )
 
 
@@ -162,64 +191,9 @@ class HeartbeatBatch:
         return int(self.t.shape[0])
 
 
-@dataclass
-class BeatCadence:
-    """Which heartbeat samples are published, and the per-rank state that carries across steps.
-
-    The node daemon's policy (`producers.agent.daemon`): sampling stays on each rank's
-    grid phase_r + n·period, and a sample is PUBLISHED only if
-      (a) it is the rank's first sample of the job, or
-      (b) its long-op key differs from the one at the rank's previous sample; a simulated
-          rank has at most one op in flight, so the key is (group, seq) of that op when it
-          has been in flight >= `long_ns` at the sample time, else none, or
-      (c) keepalive: (n + rank) % `every` == 0, i.e. every `every`-th sample of the rank's
-          grid (every = floor(keepalive / period)), which is at-least-every-keepalive and
-          vectorizes; the rank offset spreads keepalives of different ranks over the cycle
-          instead of bunching them into one second.
-    A published heartbeat carries the full in-flight list (wire v1 unchanged).
-    """
-
-    every: int  # keepalive, in samples (1: every sample is published)
-    long_ns: float  # an op in flight this long at a sample is long
-    group: np.ndarray  # (W,) int64 long-op group at the rank's previous sample; -1 none
-    seq: np.ndarray  # (W,) int64 its seq (-1 none); -2 in both: no sample yet
-
-    @classmethod
-    def fresh(cls, world: int, period: float, keepalive: float, long_op: float) -> BeatCadence:
-        """State before the first step (times in the same unit as `period`)."""
-        every = max(1, int(keepalive / period + 1e-9))
-        none = np.full(world, -2, dtype=np.int64)
-        return cls(every=every, long_ns=float(long_op), group=none, seq=none.copy())
-
-    def select(
-        self, rank: np.ndarray, n: np.ndarray, cnt: np.ndarray, long_g: np.ndarray,
-        long_s: np.ndarray,
-    ) -> np.ndarray:
-        """Mask of the published samples among one stage's samples of one step; updates state.
-
-        Samples are grouped by rank (runs of `cnt[i]` samples, in time order, for the stage's
-        i-th rank), `n` is each sample's index on its rank's grid, `long_g`/`long_s` its long
-        key (-1: none).
-        """
-        has = cnt > 0
-        ends = np.cumsum(cnt)[has]
-        starts = ends - cnt[has]
-        owners = rank[starts]
-        prev_g = np.empty_like(long_g)
-        prev_s = np.empty_like(long_s)
-        prev_g[1:] = long_g[:-1]
-        prev_s[1:] = long_s[:-1]
-        prev_g[starts] = self.group[owners]
-        prev_s[starts] = self.seq[owners]
-        self.group[owners] = long_g[ends - 1]
-        self.seq[owners] = long_s[ends - 1]
-        changed = (long_g != prev_g) | (long_s != prev_s)
-        return changed | (np.mod(n + rank, self.every) == 0)
-
-
 def heartbeat_batch(
     topo: Topology, rec: StepRecord, phase: np.ndarray, period: float, stop: float,
-    cadence: BeatCadence | None = None,
+    cadence: GridCadence | None = None,
 ) -> HeartbeatBatch | None:
     """Heartbeats at phase_r + n·period that fall in each rank's window of this step.
 

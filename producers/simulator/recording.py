@@ -1,19 +1,23 @@
 """Write a scenario as a recorded stream (.jsonl, DESIGN §3) plus its ground truth.
 
 The recording is `flare replay`'s and `flare diagnose`'s input; the truth file next to it,
-`<stem>.truth.json`, is what `flare eval` scores against. Both are written to a temporary
+`<stem>.truth.json`, is what `flare eval` scores against. The recording goes through the one
+recording writer (`producers.recording.write_events`); both files are written to a temporary
 name first and renamed, so an interrupted run never leaves a truncated file that looks whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 
+from producers.recording import write_events
 from producers.simulator.scenario import GroundTruth, Scenario
-from producers.simulator.simulator import STEPS_TOPIC, ClusterSimulator
+from producers.simulator.simulator import ClusterSimulator
+from schemas import topics
 
 
 def truth_path(recording: Path) -> Path:
@@ -36,23 +40,27 @@ def write_simulation(
 ) -> GroundTruth:
     """`write_recording` for an already built simulator (its errors were raised at build)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    seen = -1
-    with tmp.open("wb", buffering=1 << 20) as fh:
-        for topic, key, value, _ts in sim.events():
-            fh.write(orjson.dumps({"topic": topic, "key": key, "value": value}))
-            fh.write(b"\n")
-            if on_step is not None and topic == STEPS_TOPIC and value["step"] > seen:
-                seen = value["step"]
-                on_step(seen)
-    tmp.replace(path)
+    events = sim.events() if on_step is None else _reporting(sim.events(), on_step)
+    write_events(events, path)
     truth = sim.truth
     tpath = truth_path(path)
     ttmp = tpath.with_name(tpath.name + ".tmp")
     ttmp.write_bytes(orjson.dumps(truth.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
     ttmp.replace(tpath)
     return truth
+
+
+def _reporting(
+    events: Iterable[tuple[str, str, Any, int]], on_step: Callable[[int], None]
+) -> Iterator[tuple[str, str, Any, int]]:
+    """The events unchanged; `on_step` once a step's first message has been written."""
+    seen = -1
+    for event in events:
+        yield event  # the writer writes it before asking for the next one
+        topic, _key, value, _ts = event
+        if topic == topics.STEPS and value["step"] > seen:
+            seen = value["step"]
+            on_step(seen)
 
 
 def read_truth(path: Path) -> GroundTruth:

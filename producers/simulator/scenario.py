@@ -11,6 +11,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from producers.agent.cadence import KEEPALIVE_S, LONG_OP_S
+
 FAMILIES: tuple[str, ...] = (
     "slow_gpu",
     "thermal",
@@ -194,9 +196,11 @@ class Scenario:
     """One simulated job: layout, length, seed, optional fault and the clean noise.
 
     `heartbeats` turns the heartbeat stream on; `keepalive_s` and `long_op_s` are its
-    cadence, the node daemon's policy (`producers.agent.daemon`): a rank's 1 Hz sample
-    is published on its first sample, when its long op (in flight >= `long_op_s`) changes, and
-    at least every `keepalive_s` (keepalive_s <= 1 s: every sample, the old 1 Hz stream).
+    cadence, the node agent's policy (`producers.agent.cadence`, defaults included): a rank's
+    1 Hz sample is published on its first sample, when its long op (in flight >= `long_op_s`)
+    changes, and at least every `keepalive_s` (keepalive_s <= 1 s: every sample, the old 1 Hz
+    stream). Unlike the agent's flags these are not bounded by the hang timeout, so that
+    evaluations may study other cadences.
     """
 
     job: str
@@ -209,8 +213,8 @@ class Scenario:
     microbatches: int = 4
     chunks: int = 2
     heartbeats: bool = True
-    keepalive_s: float = 5.0
-    long_op_s: float = 3.0
+    keepalive_s: float = KEEPALIVE_S
+    long_op_s: float = LONG_OP_S
 
     def __post_init__(self) -> None:
         if not isinstance(self.job, str) or not 1 <= len(self.job) <= 256:

@@ -5,10 +5,11 @@ and describe the same ops. Output is in stream-time order (the true time a messa
 produced): a merge buffer holds what was generated and releases everything older than the
 earliest rank clock, since no later step can produce anything before that.
 
-Heartbeats follow the node daemon's cadence (`emit.BeatCadence`): each rank is sampled at
-1 Hz, but a sample is published only on the rank's first sample, when its long op (in flight
->= `Scenario.long_op_s`) appears, changes or ends, and on every K-th sample of its grid
-(K = keepalive_s / 1 s); the per-rank state of that rule is carried from step to step.
+Heartbeats follow the node agent's cadence (`producers.agent.cadence`, in its vectorized
+form `GridCadence`): each rank is sampled at 1 Hz, but a sample is published only on the
+rank's first sample, when its long op (in flight >= `Scenario.long_op_s`) appears, changes or
+ends, and on every K-th sample of its grid (K = keepalive_s / 1 s); the per-rank state of that
+rule is carried from step to step.
 """
 
 from __future__ import annotations
@@ -19,36 +20,34 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
+from producers.agent.cadence import INTERVAL_S, GridCadence
 from producers.simulator.costs import CostModel, transfer_times
 from producers.simulator.emit import (
-    BeatCadence,
     Clocks,
     HeartbeatBatch,
     build_frame,
     heartbeat_batch,
     heartbeat_structs,
     heartbeat_values,
-    rank_step,
     rank_steps,
+    steps_value,
 )
 from producers.simulator.engine import SeqCounters, StepEngine, StepInputs, StepRecord
 from producers.simulator.faults import HANG_FAMILIES, LINK_FAMILIES, FaultPlan, plan_fault
 from producers.simulator.noise import NoiseDraw, NoiseSource
 from producers.simulator.scenario import GroundTruth, Scenario
 from producers.simulator.topology import Topology
+from schemas import topics
+from schemas.clock import NS_PER_S
 from schemas.frame import StepFrame
 from schemas.rankstep import RankStep
 from schemas.wire import HeartbeatV1, JobV1, NodeInfo
 from schemas.wire import Layout as WireLayout
 
 EPOCH_NS = 1_790_000_000 * 10**9  # true time 0 of every simulated job
-HEARTBEAT_PERIOD_NS = 1e9
+HEARTBEAT_PERIOD_NS = INTERVAL_S * NS_PER_S  # each rank is sampled as the agent samples it
 HANG_TAIL_NS = 40e9  # heartbeats keep coming this long after a hang, then the job is gone
 MAX_STEPS_AFTER_HANG = 4  # ranks that can still run finish at most this many steps
-
-STEPS_TOPIC = "flare.steps.v1"
-HEARTBEATS_TOPIC = "flare.heartbeats.v1"
-JOBS_TOPIC = "flare.jobs.v1"
 
 
 class _Merger:
@@ -221,7 +220,7 @@ class ClusterSimulator:
     def _steps(self, heartbeats: bool) -> Iterator[_Step]:
         stop = np.inf
         sc, topo = self.scenario, self.topology
-        cadence = BeatCadence.fresh(
+        cadence = GridCadence.fresh(
             topo.world, HEARTBEAT_PERIOD_NS, sc.keepalive_s * 1e9, sc.long_op_s * 1e9
         )
         for rec in self._records():
@@ -298,7 +297,7 @@ class ClusterSimulator:
         """
         job, topo, clocks = self.scenario.job, self.topology, self.clocks
         start = self.job_start()
-        yield JOBS_TOPIC, job, _job_value(start), EPOCH_NS
+        yield topics.JOBS, job, _job_value(start), EPOCH_NS
         merger = _Merger()
         last = 0
         latest_ns = EPOCH_NS  # largest node-clock stamp emitted
@@ -310,10 +309,10 @@ class ClusterSimulator:
                 if isinstance(obj, list):
                     value = obj[i]
                     latest_ns = max(latest_ns, value["ts_ns"])
-                    yield HEARTBEATS_TOPIC, job, value, EPOCH_NS + key
+                    yield topics.HEARTBEATS, job, value, EPOCH_NS + key
                 else:
                     latest_ns = max(latest_ns, int(obj.t_end_ns[i]))
-                    yield STEPS_TOPIC, job, rank_step(obj, i).to_wire(), EPOCH_NS + key
+                    yield topics.STEPS, job, steps_value(obj, i), EPOCH_NS + key
 
         for st in self._steps(self._want_heartbeats()):
             if st.frame is not None and st.ends is not None:
@@ -323,7 +322,7 @@ class ClusterSimulator:
             yield from emit(merger.release(st.watermark))
         yield from emit(merger.release(np.inf))
         end_ts = max(EPOCH_NS + last, latest_ns) + 1_000_000
-        yield JOBS_TOPIC, job, {"v": 1, "job": job, "event": "end", "ts_ns": end_ts}, end_ts
+        yield topics.JOBS, job, {"v": 1, "job": job, "event": "end", "ts_ns": end_ts}, end_ts
 
 
 def _job_value(ev: JobV1) -> dict:

@@ -2,7 +2,7 @@
 
 The hot path (one collective call) only appends a small list to the current step's rows and
 notes it as pending; everything costly (columns, offsets, JSON) happens once per step, off the
-training thread, in `build_steps_message`. A row is
+training thread, in `steps_message` (through the one v1 builder, `schemas.steps_message`). A row is
 ``[kind, name, group, seq, start_ns, end_ns, bytes]`` with ``end_ns == -1`` while the op is in
 flight, so the in-flight table that makes heartbeats is just the pending rows.
 """
@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import orjson
+
+from schemas.steps_message import steps_message as build_steps_message
 
 KIND, NAME, GROUP, SEQ, START, END, NBYTES = range(7)
 COMPUTE, COLL, P2P = "compute", "coll", "p2p"
@@ -113,22 +115,13 @@ def steps_message(meta: RankMeta, cut: StepCut, now_ns: int) -> dict[str, Any]:
     """
     rows = cut.rows
     n = len(rows)
-    msg: dict[str, Any] = {
-        "v": 1,
-        "job": meta.job,
-        "rank": meta.rank,
-        "node": meta.node,
-        "local_rank": meta.local_rank,
-        "step": cut.step,
-        "t_start_ns": cut.t_start_ns,
-    }
-    if meta.coords:
-        msg["coords"] = dict(meta.coords)
     if n == 0:
-        msg["t_end_ns"] = cut.boundary_ns
-        msg["ops"] = {k: [] for k in ("kind", "name", "group", "seq", "start_ns", "dur_ns",
-                                      "bytes")}
-        return msg
+        return build_steps_message(
+            job=meta.job, rank=meta.rank, node=meta.node, local_rank=meta.local_rank,
+            step=cut.step, coords=meta.coords, t_start_ns=cut.t_start_ns,
+            t_end_ns=cut.boundary_ns, kind=[], name=[], group=[], seq=[], start_ns=[],
+            dur_ns=[], bytes=[],
+        )
     kind, name, group, seq, start, end, nbytes = (list(c) for c in zip(*rows, strict=True))
     start_a = np.fromiter(start, dtype=np.int64, count=n)
     end_a = np.fromiter(end, dtype=np.int64, count=n)
@@ -138,18 +131,12 @@ def steps_message(meta: RankMeta, cut: StepCut, now_ns: int) -> dict[str, Any]:
     is_compute = np.fromiter((k == COMPUTE for k in kind), dtype=bool, count=n)
     seq_a = np.fromiter(seq, dtype=np.int64, count=n)
     seq_a[is_compute] = np.arange(int(is_compute.sum()), dtype=np.int64)
-    msg["t_start_ns"] = t0
-    msg["t_end_ns"] = int(end_a.max())
-    msg["ops"] = {
-        "kind": kind,
-        "name": name,
-        "group": group,
-        "seq": seq_a,
-        "start_ns": start_a - t0,
-        "dur_ns": end_a - start_a,
-        "bytes": np.fromiter(nbytes, dtype=np.int64, count=n),
-    }
-    return msg
+    return build_steps_message(
+        job=meta.job, rank=meta.rank, node=meta.node, local_rank=meta.local_rank,
+        step=cut.step, coords=meta.coords, t_start_ns=t0, t_end_ns=int(end_a.max()),
+        kind=kind, name=name, group=group, seq=seq_a, start_ns=start_a - t0,
+        dur_ns=end_a - start_a, bytes=np.fromiter(nbytes, dtype=np.int64, count=n),
+    )
 
 
 def encode(msg: Mapping[str, Any]) -> bytes:

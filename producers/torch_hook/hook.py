@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from producers.torch_hook.buffer import COMPUTE, OpLog, RankMeta, Row
 from producers.torch_hook.client import AgentClient
@@ -40,24 +40,47 @@ from producers.torch_hook.wire import default_socket_path
 _active: FlareHook | None = None
 
 
-class HookSettings(BaseSettings):
+# Each setting and the environment variables it is read from, first found wins.
+_ENV: dict[str, tuple[str, ...]] = {
+    "agent": ("FLARE_AGENT",),
+    "job": ("FLARE_JOB", "TORCHELASTIC_RUN_ID"),
+    "node": ("FLARE_NODE",),
+    "agent_socket": ("FLARE_AGENT_SOCKET",),
+    "agent_interval_s": ("FLARE_AGENT_INTERVAL_S",),
+    "local_rank": ("FLARE_LOCAL_RANK", "LOCAL_RANK"),
+}
+
+
+class HookSettings(BaseModel):
     """Environment of the hook inside a training process (read once, at `install`).
 
     Separate from `flare.settings.Settings` because a trainer needs none of the broker or
-    database settings, only how to reach its node's daemon and who it is.
+    database settings, only how to reach its node's daemon and who it is. Read by
+    `from_env` with pydantic's parsing (FLARE_AGENT=1/true/yes, names in any case), not by
+    pydantic-settings: the training-node side stays on the plain dependencies, and the
+    producers depend on no settings machinery (the import-linter contract).
     """
 
-    model_config = SettingsConfigDict(env_prefix="FLARE_", extra="ignore",
-                                      populate_by_name=True)
+    model_config = ConfigDict(extra="ignore")
 
     agent: bool = Field(False, description="FLARE_AGENT=1 turns the hook on (install_from_env)")
-    job: str = Field("", validation_alias=AliasChoices("FLARE_JOB", "TORCHELASTIC_RUN_ID"),
-                     description="job id, equal on every rank")
+    job: str = Field("", description="job id, equal on every rank (or TORCHELASTIC_RUN_ID)")
     node: str = Field("", description="node name; default: the host name")
     agent_socket: str = Field("", description="Unix socket of the node daemon")
     agent_interval_s: float = Field(1.0, description="period of the in-flight table")
-    local_rank: int | None = Field(None, validation_alias=AliasChoices("FLARE_LOCAL_RANK",
-                                                                       "LOCAL_RANK"))
+    local_rank: int | None = Field(None, description="FLARE_LOCAL_RANK, else LOCAL_RANK")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> HookSettings:
+        """The settings of this process's environment (or of `environ`)."""
+        env = {k.lower(): v for k, v in (os.environ if environ is None else environ).items()}
+        found: dict[str, str] = {}
+        for name, variables in _ENV.items():
+            for var in variables:
+                if var.lower() in env:
+                    found[name] = env[var.lower()]
+                    break
+        return cls.model_validate(found)
 
     def resolved_job(self) -> str:
         return self.job if self.job and self.job != "none" else "torch-job"
@@ -237,7 +260,7 @@ def install(settings: HookSettings | None = None, **overrides: Any) -> FlareHook
     global _active
     if _active is not None:
         return _active
-    s = settings or HookSettings()
+    s = settings or HookSettings.from_env()
     kwargs: dict[str, Any] = {
         "job": s.resolved_job(),
         "node": s.node or socket.gethostname(),
@@ -254,7 +277,7 @@ def install(settings: HookSettings | None = None, **overrides: Any) -> FlareHook
 
 def install_from_env(settings: HookSettings | None = None) -> FlareHook | None:
     """`install()` when FLARE_AGENT=1 is set (the torchrun way), else do nothing."""
-    s = settings or HookSettings()
+    s = settings or HookSettings.from_env()
     return install(s) if s.agent else None
 
 

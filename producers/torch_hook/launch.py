@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         raise SystemExit("usage: python -m producers.torch_hook.launch SCRIPT|-m MODULE [ARGS]")
-    settings = HookSettings()
+    settings = HookSettings.from_env()
     if "FLARE_AGENT" not in os.environ or settings.agent:
         install(settings)
     if args[0] == "-m" and len(args) > 1:

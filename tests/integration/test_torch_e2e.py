@@ -106,7 +106,7 @@ def wait_until_settled(worker: WorkerProcess, job: str, steps: int) -> None:
 def test_a_slowed_rank_is_named_as_the_gpu_culprit(
         broker: TansuBroker, start_worker: StartWorker, sock: Path) -> None:
     job, steps, slow = unique("torch-slow"), 20, 2
-    with KafkaAgent(broker.bootstrap, sock, "node-test", HEARTBEAT_S) as agent:
+    with KafkaAgent(broker.connection, sock, "node-test", HEARTBEAT_S) as agent:
         procs = launch_ranks(sock, job, steps, slow_rank=slow, slow_s=0.15)
         try:
             worker = start_worker(unique("g-torch-slow"))
@@ -130,7 +130,7 @@ def test_a_slowed_rank_is_named_as_the_gpu_culprit(
 def test_a_rank_that_stops_is_named_in_a_hang_incident_within_30_s(
         broker: TansuBroker, start_worker: StartWorker, sock: Path) -> None:
     job, stuck, stop_step = unique("torch-hang"), 1, 8
-    with KafkaAgent(broker.bootstrap, sock, "node-test", HEARTBEAT_S) as agent:
+    with KafkaAgent(broker.connection, sock, "node-test", HEARTBEAT_S) as agent:
         procs = launch_ranks(sock, job, 1000, stop_rank=stuck, stop_step=stop_step)
         try:
             worker = start_worker(unique("g-torch-hang"))
@@ -169,7 +169,7 @@ def test_a_rank_that_stops_is_named_in_a_hang_incident_within_30_s(
 def test_a_healthy_run_has_no_device_incident(
         broker: TansuBroker, start_worker: StartWorker, sock: Path) -> None:
     job, steps = unique("torch-ok"), 40
-    with KafkaAgent(broker.bootstrap, sock, "node-test", HEARTBEAT_S) as agent:
+    with KafkaAgent(broker.connection, sock, "node-test", HEARTBEAT_S) as agent:
         procs = launch_ranks(sock, job, steps)
         try:
             worker = start_worker(unique("g-torch-ok"))

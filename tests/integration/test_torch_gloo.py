@@ -1,6 +1,6 @@
 """Real torch.distributed (gloo) training, 4 processes, through the hook and the node daemon.
 
-The daemon runs in the test process with the in-memory publisher; each rank is a
+The node agent runs in the test process with the in-memory publisher; each rank is a
 subprocess (so a hung rank can be killed). What reaches the publisher is decoded with the
 worker's own decoders and checked: a rank slowed in its forward shows longer compute and
 makes its peers wait in the gradient all-reduce; a rank that stops leaves its peers'
@@ -24,16 +24,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from producers.agent.daemon import (
-    HEARTBEATS_TOPIC,
-    JOBS_TOPIC,
-    STEPS_TOPIC,
-    AgentCore,
-    AgentDaemon,
-    MemoryPublisher,
-    Outbox,
-)
+from producers.agent.core import AgentCore
+from producers.agent.outbox import Outbox
+from producers.agent.server import AgentDaemon
+from producers.testing import MemoryPublisher
 from schemas.decode import decode_heartbeat, decode_job, decode_steps
+from schemas.topics import HEARTBEATS, JOBS, STEPS
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -163,7 +159,7 @@ def sock():
 def _steps_by_rank(pub: MemoryPublisher):
     out = defaultdict(list)
     for topic, key, value in pub.messages:
-        if topic == STEPS_TOPIC:
+        if topic == STEPS:
             assert key == b"gloo-test"
             m = decode_steps(value)
             out[m.rank].append(m)
@@ -215,10 +211,10 @@ def test_slowed_rank_computes_longer_and_peers_wait(sock):
     assert sends == recvs
     assert {g for g, _s in sends} == {"tp.0.0-1", "world.0.0-1"}
     assert len(sends) == 2 * steps
-    jobs = [decode_job(v) for t, _k, v in d.publisher.messages if t == JOBS_TOPIC]
+    jobs = [decode_job(v) for t, _k, v in d.publisher.messages if t == JOBS]
     assert [j.event for j in jobs] == ["start", "end"] and jobs[0].world_size == WORLD
     for t, _k, v in d.publisher.messages:
-        if t == HEARTBEATS_TOPIC:
+        if t == HEARTBEATS:
             decode_heartbeat(v)
 
 
@@ -240,7 +236,7 @@ def test_stopped_rank_leaves_peers_blocked_in_flight(sock):
                 time.sleep(0.2)
                 last = {}
                 for t, _k, v in d.publisher.messages:
-                    if t == HEARTBEATS_TOPIC:
+                    if t == HEARTBEATS:
                         hb = decode_heartbeat(v)
                         last[hb.rank] = hb
                 blocked = {r: hb for r, hb in last.items()

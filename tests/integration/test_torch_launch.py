@@ -1,4 +1,7 @@
-"""The no-code-change ways in: `python -m producers.torch_hook.launch` and FLARE_AGENT."""
+"""The no-code-change way in: `python -m producers.torch_hook.launch`, with FLARE_AGENT.
+
+The settings it reads are tested without torch in tests/unit/producers/torch_hook/test_hook.py.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from producers.torch_hook.hook import HookSettings
-
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import sys
@@ -18,25 +19,8 @@ from producers import torch_hook
 import torch.distributed as dist
 hook = torch_hook.active()
 print("ACTIVE" if hook is not None else "INACTIVE", hook and hook.job, sys.argv[1:])
-print("PATCHED" if dist.all_reduce.__module__.startswith("flare") else "PLAIN")
+print("PATCHED" if dist.all_reduce.__module__.startswith("producers.torch_hook") else "PLAIN")
 """
-
-
-def test_settings_come_from_the_environment(monkeypatch):
-    for k in ("FLARE_AGENT", "FLARE_JOB", "TORCHELASTIC_RUN_ID", "FLARE_NODE", "LOCAL_RANK",
-              "FLARE_LOCAL_RANK", "FLARE_AGENT_SOCKET"):
-        monkeypatch.delenv(k, raising=False)
-    s = HookSettings()
-    assert (s.agent, s.resolved_job(), s.local_rank) == (False, "torch-job", None)
-    monkeypatch.setenv("FLARE_AGENT", "1")
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-42")
-    monkeypatch.setenv("LOCAL_RANK", "3")
-    monkeypatch.setenv("FLARE_AGENT_SOCKET", "/run/x.sock")
-    s = HookSettings()
-    assert (s.agent, s.resolved_job(), s.local_rank, s.agent_socket) == (
-        True, "run-42", 3, "/run/x.sock")
-    monkeypatch.setenv("FLARE_JOB", "job-7")
-    assert HookSettings().resolved_job() == "job-7"
 
 
 @pytest.mark.torch

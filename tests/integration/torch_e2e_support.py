@@ -21,8 +21,10 @@ from typing import Any
 
 import orjson
 
-from producers.agent.daemon import STEPS_TOPIC, run_agent
-from producers.publisher import Publisher
+from producers.agent.server import run_agent
+from producers.publisher import KafkaPublisher, Publisher
+from schemas.kafka import KafkaConnection
+from schemas.topics import STEPS
 from tests.integration.test_torch_gloo import WORLD
 from tests.integration.test_torch_gloo import launch_ranks as gloo_launch
 
@@ -48,7 +50,7 @@ class StepTap:
         self._lock = threading.Lock()
 
     def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None:
-        if topic == STEPS_TOPIC and isinstance(value, bytes):
+        if topic == STEPS and isinstance(value, bytes):
             m = orjson.loads(value)
             with self._lock:
                 old = self.newest.get(m["rank"])
@@ -65,13 +67,14 @@ class StepTap:
 
 
 class KafkaAgent:
-    """The node daemon (`run_agent`) on its own thread and loop, publishing to `bootstrap`."""
+    """The node daemon (`run_agent`) on its own thread and loop, publishing to `conn`."""
 
-    def __init__(self, bootstrap: str, socket_path: Path, node: str, interval_s: float) -> None:
+    def __init__(self, conn: KafkaConnection, socket_path: Path, node: str,
+                 interval_s: float) -> None:
         self.socket_path = socket_path
         self.node = node
         self.interval_s = interval_s
-        self.publisher = Publisher(bootstrap)
+        self.publisher = KafkaPublisher(conn)
         self.tap = StepTap(self.publisher)
         self.error: BaseException | None = None
         self._stop = asyncio.Event()

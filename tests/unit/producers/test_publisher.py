@@ -1,17 +1,14 @@
-"""The producer side without a broker: configuration, encoding, pacing, recordings."""
+"""The Kafka publisher without a broker: configuration, keys and encoding, delivery errors."""
 
 from __future__ import annotations
 
-import gzip
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from producers.live import publish_events
-from producers.publisher import Publisher, PublishError, producer_config
-from producers.recording import RecordingError, read_recording, recording_events
+from producers.publisher import KafkaPublisher, PublishError, producer_config
+from schemas.kafka import KafkaConnection
 
 
 class FakeProducer:
@@ -55,23 +52,40 @@ class FakeProducer:
         return True
 
 
-def make(**kw: Any) -> tuple[Publisher, FakeProducer]:
+def make_with(conn: KafkaConnection, **kw: Any) -> tuple[KafkaPublisher, FakeProducer]:
     holder: list[FakeProducer] = []
 
     def factory(conf: dict[str, Any]) -> FakeProducer:
         holder.append(FakeProducer(conf, **kw))
         return holder[0]
 
-    return Publisher("127.0.0.1:1", producer_factory=factory), holder[0]
+    return KafkaPublisher(conn, producer_factory=factory), holder[0]
+
+
+def make(**kw: Any) -> tuple[KafkaPublisher, FakeProducer]:
+    return make_with(KafkaConnection(bootstrap="127.0.0.1:1"), **kw)
 
 
 def test_config_is_idempotent_murmur2_batched_and_compressed() -> None:
-    conf = producer_config("k:9092")
+    conf = producer_config(KafkaConnection(bootstrap="k:9092"))
+    assert conf["bootstrap.servers"] == "k:9092"
     assert conf["compression.type"] == "lz4"  # the worker's aiokafka reads it via cramjam
     assert conf["enable.idempotence"] is True
     assert conf["partitioner"] == "murmur2_random"
     assert conf["linger.ms"] > 0 and conf["batch.size"] >= 64 * 1024
-    assert producer_config("k:9092", extra={"linger.ms": 0})["linger.ms"] == 0
+    extra = producer_config(KafkaConnection(bootstrap="k:9092"), extra={"linger.ms": 0})
+    assert extra["linger.ms"] == 0
+
+
+def test_config_carries_the_connection_secrets_to_the_client_only() -> None:
+    conn = KafkaConnection(bootstrap="k:9093", security_protocol="SASL_SSL",
+                           sasl_mechanism="SCRAM-SHA-512", sasl_username="flare",
+                           sasl_password="s3cret", ssl_ca_location="ca.pem")
+    pub, fake = make_with(conn)
+    assert fake.conf["sasl.password"] == "s3cret" and fake.conf["ssl.ca.location"] == "ca.pem"
+    assert fake.conf["security.protocol"] == "SASL_SSL"
+    assert fake.conf["enable.idempotence"] is True
+    assert pub.config is fake.conf
 
 
 def test_publish_keys_by_job_and_encodes_dicts() -> None:
@@ -106,104 +120,3 @@ def test_failed_deliveries_surface_at_flush() -> None:
         pub.publish("t", "j", {"i": i})
     with pytest.raises(PublishError, match="1 of 3 messages were not delivered.*broker said no"):
         pub.flush()
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 100.0
-        self.sleeps: list[float] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.sleeps.append(s)
-        self.t += s
-
-
-class ListPublisher:
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
-        self.sent: list[tuple[float, str]] = []
-
-    def publish(self, topic: str, key: str | bytes, value: Any) -> None:
-        self.sent.append((self.clock.t, value["n"]))
-
-    def poll(self, timeout_s: float = 0.0) -> None:
-        pass
-
-
-def events(ts_s: list[float]) -> list[tuple[str, str, dict[str, Any], int]]:
-    return [("t", "j", {"n": f"e{i}"}, int(1_000 * 10**9 + t * 1e9)) for i, t in enumerate(ts_s)]
-
-
-def test_pacing_follows_event_time_scaled_by_speed() -> None:
-    clock = FakeClock()
-    pub = ListPublisher(clock)
-    summary = publish_events(events([0.0, 1.0, 1.0, 3.0]), pub, speed=2.0,
-                             clock=clock.now, sleep=clock.sleep)
-    assert summary.events == 4
-    assert [round(t - 100.0, 6) for t, _ in pub.sent] == [0.0, 0.5, 0.5, 1.5]
-    assert [n for _, n in pub.sent] == ["e0", "e1", "e2", "e3"]
-
-
-def test_no_speed_means_no_sleeping_and_backwards_time_is_not_reordered() -> None:
-    clock = FakeClock()
-    pub = ListPublisher(clock)
-    publish_events(events([5.0, 0.0, 9.0]), pub, None, clock=clock.now, sleep=clock.sleep)
-    assert clock.sleeps == []
-    assert [n for _, n in pub.sent] == ["e0", "e1", "e2"]
-    publish_events(events([5.0, 4.9, 5.5]), pub, 1.0, clock=clock.now, sleep=clock.sleep)
-    assert [n for _, n in pub.sent][-3:] == ["e0", "e1", "e2"]
-
-
-def test_stop_request_ends_publishing() -> None:
-    clock = FakeClock()
-    pub = ListPublisher(clock)
-    summary = publish_events(events([0, 1, 2, 3]), pub, 1.0, clock=clock.now,
-                             sleep=clock.sleep, should_stop=lambda: len(pub.sent) >= 2)
-    assert summary.events == 2
-
-
-def test_bad_speed_is_refused() -> None:
-    with pytest.raises(ValueError, match="speed must be > 0"):
-        publish_events([], ListPublisher(FakeClock()), 0.0)
-
-
-def write_lines(path: Path, lines: list[bytes]) -> Path:
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    return path
-
-
-def test_recording_lines_become_events(tmp_path: Path) -> None:
-    rec = write_lines(tmp_path / "r.jsonl", [
-        b'{"topic":"flare.jobs.v1","key":"j","value":{"v":1,"job":"j","event":"start","ts_ns":5}}',
-        b'{"topic":"flare.steps.v1","key":"j","value":{"v":1,"t_end_ns":9}}',
-        b"",
-        b'{"topic":"flare.steps.v1","key":"j","value":"{broken"}',
-    ])
-    got = list(recording_events(rec))
-    assert [(t, k, ts) for t, k, _v, ts in got] == [
-        ("flare.jobs.v1", "j", 5), ("flare.steps.v1", "j", 9), ("flare.steps.v1", "j", 9)]
-    assert got[2][2] == b"{broken"  # a string value is published verbatim
-
-
-def test_gzip_recordings_are_read(tmp_path: Path) -> None:
-    path = tmp_path / "r.jsonl.gz"
-    with gzip.open(path, "wb") as f:
-        f.write(b'{"topic":"t","key":"j","value":{"ts_ns":1}}\n')
-    assert [m.ts_ns for m in read_recording(path)] == [1]
-
-
-@pytest.mark.parametrize(("line", "reason"), [
-    (b"{nope", "not JSON"),
-    (b"[1,2]", "must be a JSON object"),
-    (b'{"key":"j","value":{}}', "missing or empty 'topic'"),
-    (b'{"topic":"t","key":3,"value":{}}', "'key' must be a string"),
-    (b'{"topic":"t","key":"j","value":7}', "'value' must be an object or a string"),
-])
-def test_bad_recording_lines_say_where_and_why(tmp_path: Path, line: bytes, reason: str) -> None:
-    rec = write_lines(tmp_path / "r.jsonl", [b'{"topic":"t","key":"j","value":{}}', line])
-    with pytest.raises(RecordingError, match=reason) as info:
-        list(read_recording(rec))
-    assert info.value.line == 2

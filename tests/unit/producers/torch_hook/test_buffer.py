@@ -1,4 +1,4 @@
-"""The hook's op log and steps message builder, on a fake clock (no torch needed)."""
+"""The hook's op log and its steps messages, on the fake clock (no torch needed)."""
 
 from __future__ import annotations
 
@@ -16,43 +16,32 @@ from producers.torch_hook.buffer import (
     steps_message,
 )
 from schemas.decode import decode_steps
-
-
-class FakeClock:
-    def __init__(self, t: int = 1_000_000_000) -> None:
-        self.t = t
-
-    def __call__(self) -> int:
-        return self.t
-
-    def advance(self, ns: int) -> None:
-        self.t += ns
-
+from schemas.testing import FakeClock
 
 META = RankMeta("job-a", 3, "node-1", local_rank=1, world_size=4, coords={"tp": 1})
 
 
 def test_ops_become_one_columnar_step():
-    clock = FakeClock()
+    clock = FakeClock(start_ns=1_000_000_000)
     log = OpLog(clock)
-    t0 = clock.t
-    clock.advance(100)
+    t0 = clock()
+    clock.advance_ns(100)
     fwd = log.begin(COMPUTE, "fwd", "", -1, 0)
-    clock.advance(5_000)
+    clock.advance_ns(5_000)
     log.end(fwd)
     ar = log.begin(COLL, "all_reduce", "dp.0", 7, 4096)
-    clock.advance(800)
+    clock.advance_ns(800)
     log.end(ar)
     send = log.begin(P2P, "send", "pp.1.3-4", 2, 64)
-    clock.advance(300)
+    clock.advance_ns(300)
     log.end(send)
     opt = log.begin(COMPUTE, "optimizer", "", -1, 0)
-    clock.advance(50)
+    clock.advance_ns(50)
     log.end(opt)
-    clock.advance(10)
+    clock.advance_ns(10)
     cut = log.cut()
-    assert cut.step == 0 and log.step == 1 and log.step_t0 == clock.t
-    m = decode_steps(encode(steps_message(META, cut, clock.t)))
+    assert cut.step == 0 and log.step == 1 and log.step_t0 == clock()
+    m = decode_steps(encode(steps_message(META, cut, clock())))
     assert (m.job, m.rank, m.node, m.local_rank, m.step) == ("job-a", 3, "node-1", 1, 0)
     assert m.coords == {"tp": 1}
     assert m.t_start_ns == t0 and m.t_end_ns == t0 + 100 + 5_000 + 800 + 300 + 50
@@ -65,24 +54,24 @@ def test_ops_become_one_columnar_step():
 
 
 def test_empty_step_is_valid_and_windows_chain():
-    clock = FakeClock()
+    clock = FakeClock(start_ns=1_000_000_000)
     log = OpLog(clock)
-    clock.advance(1_000)
+    clock.advance_ns(1_000)
     a = log.cut()
-    clock.advance(2_000)
+    clock.advance_ns(2_000)
     b = log.cut()
     assert b.t_start_ns == a.boundary_ns
-    m = decode_steps(encode(steps_message(META, b, clock.t)))
+    m = decode_steps(encode(steps_message(META, b, clock())))
     assert m.step == 1 and m.n_ops == 0 and m.t_end_ns - m.t_start_ns == 2_000
 
 
 def test_inflight_table_lists_pending_communication_only():
-    clock = FakeClock()
+    clock = FakeClock(start_ns=1_000_000_000)
     log = OpLog(clock)
     log.begin(COMPUTE, "fwd", "", -1, 0)  # compute in flight is not reported
-    clock.advance(10)
+    clock.advance_ns(10)
     ar = log.begin(COLL, "all_reduce", "dp.0", 5, 8)
-    clock.advance(10)
+    clock.advance_ns(10)
     done = log.begin(COLL, "broadcast", "world.0", 1, 8)
     log.end(done)
     table = log.inflight()
@@ -93,13 +82,13 @@ def test_inflight_table_lists_pending_communication_only():
 
 
 def test_op_still_in_flight_at_send_gets_a_lower_bound_duration():
-    clock = FakeClock()
+    clock = FakeClock(start_ns=1_000_000_000)
     log = OpLog(clock)
     log.begin(COLL, "all_reduce", "dp.0", 0, 8)
-    clock.advance(1_000)
+    clock.advance_ns(1_000)
     cut = log.cut()
-    clock.advance(500)
-    m = decode_steps(encode(steps_message(META, cut, clock.t)))
+    clock.advance_ns(500)
+    m = decode_steps(encode(steps_message(META, cut, clock())))
     assert m.dur_ns.tolist() == [1_500]
     assert log.inflight()["inflight"][0]["seq"] == 0  # still reported until it ends
 
@@ -111,19 +100,28 @@ _kinds = st.sampled_from([COMPUTE, COLL, P2P])
 @given(st.lists(st.tuples(_kinds, st.integers(0, 10**6), st.integers(0, 10**6),
                           st.integers(0, 2**40), st.booleans()), max_size=40))
 def test_any_op_sequence_builds_a_valid_message(ops):
-    clock = FakeClock()
+    clock = FakeClock(start_ns=1_000_000_000)
     log = OpLog(clock)
     for kind, gap, dur, nbytes, finish in ops:
-        clock.advance(gap)
+        clock.advance_ns(gap)
         group = "" if kind == COMPUTE else "pg.1"
         row = log.begin(kind, "x", group, 0, nbytes if kind != COMPUTE else 0)
-        clock.advance(dur)
+        clock.advance_ns(dur)
         if finish:
             log.end(row)
     cut = log.cut()
-    raw = encode(steps_message(META, cut, clock.t))
+    raw = encode(steps_message(META, cut, clock()))
     m = decode_steps(raw)
     assert m.n_ops == len(ops)
     assert (m.dur_ns >= 0).all() and (m.start_ns >= 0).all()
     assert m.t_end_ns >= m.t_start_ns
     assert orjson.loads(raw)["v"] == 1
+
+
+def test_messages_have_the_contract_key_order():
+    clock = FakeClock(start_ns=1_000_000_000)
+    log = OpLog(clock)
+    log.end(log.begin(COLL, "all_reduce", "dp.0", 0, 8))
+    msg = steps_message(META, log.cut(), clock())
+    assert list(msg) == ["v", "job", "rank", "node", "local_rank", "step", "t_start_ns",
+                         "t_end_ns", "coords", "ops"]

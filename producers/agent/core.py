@@ -1,0 +1,154 @@
+"""The node agent's state, free of I/O: frames from local ranks in, Kafka messages out.
+
+One agent runs per node. Ranks connect over a Unix socket (protocol in
+`producers.torch_hook.wire`); their step messages are forwarded untouched to `flare.steps.v1`
+(the rank already built wire v1), and every `interval_s` the agent samples each connected
+rank's latest in-flight table (what is in flight and since when) and may publish it as a
+heartbeat to `flare.heartbeats.v1` (`producers.agent.cadence` says when). A rank whose
+process dies closes its socket and stops being heartbeated (its silence is the evidence); a
+rank stuck in Python or C code keeps its last table, so peers blocked in a collective and a
+rank stuck outside it are both visible. Rank 0's hello and goodbye become the job's `start`
+and `end` events.
+
+Kept apart from the socket server (`producers.agent.server`) so that every rule above is
+tested with a fake clock and plain byte strings, without sockets or threads.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import orjson
+
+from producers.agent.cadence import Cadence, RankBeat
+from producers.publisher import Message
+from producers.torch_hook.wire import BYE, HELLO, INFLIGHT, STEPS, FrameError
+from schemas import topics
+from schemas.clock import NanoClock
+from schemas.wire import InflightOp
+
+MAX_INFLIGHT = 256  # ops of one rank's table kept (a runaway table must not grow heartbeats)
+
+
+class Hello(msgspec.Struct):
+    job: str
+    rank: int
+    node: str = ""
+    local_rank: int = 0
+    world_size: int = 0
+    pid: int = 0
+
+
+class Table(msgspec.Struct):
+    step: int
+    inflight: list[InflightOp] = []
+
+
+_hello = msgspec.json.Decoder(Hello)
+_table = msgspec.json.Decoder(Table)
+
+
+@dataclass(slots=True)
+class RankState:
+    hello: Hello
+    node: str
+    step: int = 0
+    inflight: list[InflightOp] = field(default_factory=list)
+    beat: RankBeat = field(default_factory=RankBeat)
+
+
+@dataclass(slots=True)
+class CoreStats:
+    steps: int = 0
+    tables: int = 0
+    samples: int = 0  # heartbeat samples taken (published or not)
+    heartbeats: int = 0  # heartbeats published
+    bad_frames: int = 0
+
+
+class AgentCore:
+    """Feed frames, collect messages to publish; time comes from `now` (the node's clock)."""
+
+    def __init__(self, node: str, now: NanoClock = time.time_ns, *,
+                 cadence: Cadence | None = None) -> None:
+        self.node = node
+        self.now = now
+        self.cadence = cadence or Cadence()
+        self.ranks: dict[int, RankState] = {}  # by connection id
+        self.stats = CoreStats()
+        self._started: set[str] = set()
+
+    def on_frame(self, conn: int, ftype: int, payload: bytes) -> list[Message]:
+        """One frame from connection `conn`; FrameError when it breaks the protocol."""
+        if ftype == HELLO:
+            return self._on_hello(conn, payload)
+        st = self.ranks.get(conn)
+        if st is None:
+            raise FrameError("the first frame of a connection must be a hello")
+        if ftype == STEPS:
+            self.stats.steps += 1
+            return [(topics.STEPS, st.hello.job.encode(), payload)]
+        if ftype == INFLIGHT:
+            try:
+                table = _table.decode(payload)
+            except msgspec.DecodeError as exc:
+                raise FrameError(f"bad in-flight table: {exc}") from None
+            st.step = max(table.step, 0)
+            st.inflight = table.inflight[:MAX_INFLIGHT]
+            self.stats.tables += 1
+            return []
+        if ftype == BYE:
+            out = []
+            if st.hello.rank == 0:
+                out.append(self._job_event(st.hello.job, "end"))
+            self.ranks.pop(conn, None)
+            return out
+        raise FrameError(f"unknown frame type {ftype}")
+
+    def on_disconnect(self, conn: int) -> None:
+        """The rank's process closed its socket (or died): stop heartbeating it."""
+        self.ranks.pop(conn, None)
+
+    def heartbeats(self) -> list[Message]:
+        """Sample every connected rank now; the heartbeats the cadence says to publish.
+
+        Called every `cadence.interval_s` by the server.
+        """
+        now = self.now()
+        out = []
+        for st in self.ranks.values():
+            if not self.cadence.sample(st.beat, st.inflight, now):
+                continue
+            msg = {
+                "v": 1, "job": st.hello.job, "rank": st.hello.rank, "node": st.node,
+                "ts_ns": now, "step": st.step, "inflight": st.inflight,
+            }
+            out.append((topics.HEARTBEATS, st.hello.job.encode(), msgspec.json.encode(msg)))
+        self.stats.samples += len(self.ranks)
+        self.stats.heartbeats += len(out)
+        return out
+
+    def _on_hello(self, conn: int, payload: bytes) -> list[Message]:
+        try:
+            hello = _hello.decode(payload)
+        except msgspec.DecodeError as exc:
+            raise FrameError(f"bad hello: {exc}") from None
+        if not hello.job or hello.rank < 0:
+            raise FrameError("hello needs a job and a rank >= 0")
+        self.ranks[conn] = RankState(hello, hello.node or self.node)
+        out: list[Message] = []
+        if hello.rank == 0 and hello.world_size > 0 and hello.job not in self._started:
+            if len(self._started) > 10_000:
+                self._started.clear()
+            self._started.add(hello.job)
+            out.append(self._job_event(hello.job, "start", hello.world_size))
+        return out
+
+    def _job_event(self, job: str, event: str, world_size: int = 0) -> Message:
+        msg: dict[str, Any] = {"v": 1, "job": job, "event": event, "ts_ns": self.now()}
+        if world_size:
+            msg["world_size"] = world_size
+        return (topics.JOBS, job.encode(), orjson.dumps(msg))

@@ -1,0 +1,157 @@
+"""The agent's core on a fake clock: frames in, the messages it would publish out."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from producers.agent.cadence import Cadence
+from producers.agent.core import AgentCore
+from producers.torch_hook.wire import BYE, HELLO, INFLIGHT, STEPS, FrameError
+from schemas import topics
+from schemas.decode import decode_heartbeat, decode_job
+from schemas.testing import FakeClock
+
+
+def hello(rank: int, world: int = 4, job: str = "j1") -> bytes:
+    return orjson.dumps({"job": job, "rank": rank, "local_rank": rank, "node": "",
+                         "world_size": world, "pid": 1})
+
+
+STEP_MSG = orjson.dumps({"v": 1, "job": "j1", "rank": 0, "node": "n1", "step": 0,
+                         "t_start_ns": 1, "t_end_ns": 2,
+                         "ops": {"kind": [], "name": [], "group": [], "seq": [],
+                                 "start_ns": [], "dur_ns": [], "bytes": []}})
+
+
+def table(step: int, *ops: tuple[str, int, int]) -> bytes:
+    """An in-flight table frame: ops as (group, seq, start_ns)."""
+    return orjson.dumps({"step": step, "inflight": [
+        {"group": g, "name": "all_reduce", "seq": q, "start_ns": t} for g, q, t in ops]})
+
+
+def sample(core: AgentCore, clock: FakeClock) -> dict[int, list[tuple[str, int]]]:
+    """Advance one interval, sample: {rank: [(group, seq) in flight]} of what was published."""
+    clock.advance(core.cadence.interval_s)
+    beats = [decode_heartbeat(v) for _t, _k, v in core.heartbeats()]
+    assert all(hb.ts_ns == clock() for hb in beats)
+    return {hb.rank: [(o.group, o.seq) for o in hb.inflight] for hb in beats}
+
+
+def test_hello_of_rank_zero_starts_the_job_once():
+    clock = FakeClock()
+    core = AgentCore("n1", clock)
+    out = core.on_frame(1, HELLO, hello(0))
+    assert [(t, k) for t, k, _v in out] == [(topics.JOBS, b"j1")]
+    job = decode_job(out[0][2])
+    assert job.event == "start" and job.world_size == 4 and job.ts_ns == clock()
+    assert core.on_frame(2, HELLO, hello(1)) == []
+    core.on_disconnect(1)
+    assert core.on_frame(3, HELLO, hello(0)) == []  # a reconnect does not restart the job
+
+
+def test_steps_are_forwarded_untouched_keyed_by_job():
+    core = AgentCore("n1", FakeClock())
+    core.on_frame(1, HELLO, hello(0))
+    assert core.on_frame(1, STEPS, STEP_MSG) == [(topics.STEPS, b"j1", STEP_MSG)]
+
+
+def test_heartbeats_report_inflight_since_when_and_stop_on_disconnect():
+    clock = FakeClock()
+    core = AgentCore("n1", clock)
+    core.on_frame(1, HELLO, hello(0))
+    core.on_frame(2, HELLO, hello(1))
+    started = clock()
+    core.on_frame(1, INFLIGHT, table(7, ("dp.0", 41, started)))
+    core.on_frame(2, INFLIGHT, table(7))
+    clock.advance(12)
+    beats = {hb.rank: hb for hb in (decode_heartbeat(v) for _t, _k, v in core.heartbeats())}
+    assert sorted(beats) == [0, 1]
+    hb = beats[0]
+    assert (hb.job, hb.node, hb.step, hb.ts_ns) == ("j1", "n1", 7, clock())
+    assert [(o.group, o.name, o.seq, o.start_ns) for o in hb.inflight] == [
+        ("dp.0", "all_reduce", 41, started)]
+    assert beats[1].inflight == []
+    core.on_disconnect(2)  # the rank's process died: silence, not a fake "idle"
+    clock.advance(5)  # the keepalive of rank 0 (nothing else changed)
+    assert [decode_heartbeat(v).rank for _t, _k, v in core.heartbeats()] == [0]
+
+
+def test_each_rank_follows_the_cadence_with_its_full_inflight_list():
+    clock = FakeClock()
+    core = AgentCore("n1", clock, cadence=Cadence(interval_s=1.0, keepalive_s=5.0, long_op_s=1.0))
+    core.on_frame(1, HELLO, hello(0))
+    core.on_frame(2, HELLO, hello(1))
+    assert sample(core, clock) == {0: [], 1: []}  # (a) the first sample of every rank
+    # short ops come and go on both ranks: nothing is published until the keepalive
+    for seq in range(3):
+        core.on_frame(1, INFLIGHT, table(1, ("dp.0", seq, clock() + 500_000_000)))
+        core.on_frame(2, INFLIGHT, table(1))
+        assert sample(core, clock) == {}
+    core.on_frame(1, INFLIGHT, table(1))
+    assert sample(core, clock) == {}
+    # (c) keepalive: 5 s after the last published heartbeat
+    assert sample(core, clock) == {0: [], 1: []}
+    # (b) rank 0 enters an op that stays in flight: published at the first sample where it
+    # is >= 1 s old, with the FULL list (a younger op rides along)
+    t0 = clock() + 200_000_000
+    core.on_frame(1, INFLIGHT, table(2, ("dp.0", 6, t0)))
+    assert sample(core, clock) == {}  # 0.8 s old at this sample: still short
+    core.on_frame(1, INFLIGHT, table(2, ("dp.0", 6, t0), ("tp.0", 9, clock())))
+    assert sample(core, clock) == {0: [("dp.0", 6), ("tp.0", 9)]}  # 1.8 s: long
+    assert sample(core, clock) == {}  # same long set: quiet
+    # the op ends: its end is published at the next sample
+    core.on_frame(1, INFLIGHT, table(3))
+    assert sample(core, clock) == {0: []}
+    assert sample(core, clock) == {1: []}  # rank 1's keepalive is independent of rank 0's
+    assert core.stats.samples == 2 * 11 and core.stats.heartbeats == 7
+
+
+def test_keepalive_never_leaves_a_waiting_rank_silent_past_the_hang_timeout():
+    clock = FakeClock()
+    core = AgentCore("n1", clock, cadence=Cadence(interval_s=0.5, keepalive_s=3.0, long_op_s=1.0))
+    core.on_frame(1, HELLO, hello(0))
+    t0 = clock()
+    core.on_frame(1, INFLIGHT, table(4, ("dp.0", 1, t0)))
+    published = []
+    for _ in range(60):  # 30 s blocked in one collective
+        clock.advance(0.5)
+        if core.heartbeats():
+            published.append(clock())
+    gaps = [(b - a) / 1e9 for a, b in zip(published, published[1:], strict=False)]
+    # first sample, the op turning long at 1 s, then keepalives every 3 s
+    assert published[0] - t0 == 500_000_000 and gaps[0] == 0.5
+    assert set(gaps[1:]) == {3.0}
+    assert len(published) == 2 + 29 // 3
+
+
+def test_a_reconnected_rank_is_published_at_its_first_sample():
+    clock = FakeClock()
+    core = AgentCore("n1", clock)
+    core.on_frame(1, HELLO, hello(3))
+    assert sample(core, clock) == {3: []}
+    assert sample(core, clock) == {}
+    core.on_disconnect(1)
+    core.on_frame(2, HELLO, hello(3))
+    assert sample(core, clock) == {3: []}
+
+
+def test_bye_of_rank_zero_ends_the_job():
+    core = AgentCore("n1", FakeClock())
+    core.on_frame(1, HELLO, hello(0))
+    out = core.on_frame(1, BYE, b"{}")
+    assert decode_job(out[0][2]).event == "end"
+    assert core.heartbeats() == []
+
+
+@pytest.mark.parametrize("frames, match", [
+    ([(STEPS, STEP_MSG)], "first frame"),
+    ([(HELLO, b"{not json")], "bad hello"),
+    ([(HELLO, orjson.dumps({"job": "", "rank": 0}))], "needs a job"),
+    ([(HELLO, hello(0)), (INFLIGHT, orjson.dumps({"step": "x"}))], "in-flight"),
+])
+def test_protocol_violations_are_frame_errors(frames, match):
+    core = AgentCore("n1", FakeClock())
+    with pytest.raises(FrameError, match=match):
+        for ftype, payload in frames:
+            core.on_frame(1, ftype, payload)

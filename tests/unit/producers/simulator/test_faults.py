@@ -1,0 +1,135 @@
+"""Every fault family: who it hits, when, and the ground truth a perfect diagnosis gives;
+hangs stop ranks and leave their peers blocked."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from producers.simulator import (
+    FAMILIES,
+    FAMILY_KIND,
+    SEVERITIES,
+    ClusterSimulator,
+    Fault,
+    Layout,
+    Noise,
+    layout_for_gpus,
+)
+from producers.simulator.simulator import EPOCH_NS, HANG_TAIL_NS
+from schemas.decode import decode_heartbeat
+from schemas.frame import StepFrame
+from schemas.wire import HeartbeatV1
+from tests.unit.producers.simulator.support import frames, heartbeats, scenario
+
+
+def test_slow_node_slows_every_rank_of_the_node():
+    fault = Fault("slow_node", 1.3, 1, "node:node-0002")
+    sc = scenario(layout=Layout(tp=2, pp=2, dp=4, gpus_per_node=4), steps=3, fault=fault,
+                  noise=Noise.quiet())  # fmt: skip
+    f = frames(ClusterSimulator(sc))[2]
+    ri = f.op_rank_index()
+    bwd = np.array(f.names)[f.op_name] == "bwd"
+    per_rank = np.array([f.op_dur_ns[bwd & (ri == i)].sum() for i in range(16)])
+    assert np.allclose(per_rank[8:12] / per_rank[12:16], 1.3, rtol=1e-3)
+    assert np.allclose(per_rank[:4] / per_rank[4:8], 1.0, rtol=1e-3)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ground_truth_of_every_family(family):
+    sev = SEVERITIES[family][-1]
+    sim = ClusterSimulator(scenario(layout=layout_for_gpus(256), steps=4,
+                                    fault=Fault(family, sev, 2)))  # fmt: skip
+    t = sim.truth
+    prefix = {"gpu": "rank:", "node": "node:node-", "host": "node:node-", "switch": "switch:leaf-",
+              "hang": "group:dp." if family == "comm_hang" else "rank:",
+              "link": "link:node-" if family == "pp_link" else "node:node-"}  # fmt: skip
+    assert t.family == family and t.kind == FAMILY_KIND[family]
+    assert t.culprit is not None and t.culprit.startswith(prefix[t.kind])
+    assert t.onset_step == 2 and t.severity == sev and t.gpus == 256
+    assert t.onset_ts_ns is not None and t.onset_ts_ns > EPOCH_NS + 3e9
+    if family == "pp_link":
+        a, b = t.culprit[5:].split("~")
+        assert a < b
+
+
+def test_clean_truth_and_explicit_targets():
+    t = ClusterSimulator(scenario()).truth
+    assert (t.family, t.kind, t.culprit, t.onset_step, t.onset_ts_ns) == (None,) * 5
+    lay = layout_for_gpus(256)
+    for family, target in [
+        ("thermal", "rank:77"),
+        ("slow_node", "node-0003"),
+        ("pp_link", "link:node-0009~node-0001"),
+        ("comm_hang", "dp.2-5"),
+    ]:
+        culprit = ClusterSimulator(scenario(layout=lay, fault=Fault(family, 1.0, 1, target)))
+        expect = {"slow_node": "node:node-0003", "pp_link": "link:node-0001~node-0009",
+                  "comm_hang": "group:dp.2-5"}.get(family, target)  # fmt: skip
+        assert culprit.truth.culprit == expect
+
+
+def test_thermal_throttles_in_episodes_starting_at_onset():
+    sc = scenario(layout=Layout(tp=2, pp=2, dp=2, gpus_per_node=8), steps=30,
+                  fault=Fault("thermal", 2.0, 3, "rank:2"), noise=Noise.quiet())  # fmt: skip
+    ratios = []
+    for f in frames(ClusterSimulator(sc)):
+        fwd = np.array(f.names)[f.op_name] == "fwd"
+        ri = f.op_rank_index()
+        ratios.append(f.op_dur_ns[fwd & (ri == 2)].sum() / f.op_dur_ns[fwd & (ri == 3)].sum())
+    on = np.isclose(ratios, 2.0, rtol=1e-3)
+    assert not on[:3].any() and on[3:9].all()  # "on" at onset for at least 6 steps
+    assert (~on[3:]).any()  # and it comes and goes
+    assert np.isclose(np.array(ratios)[~on], 1.0, rtol=1e-3).all()
+
+
+def test_hung_rank_stops_reporting_steps_and_peers_block():
+    sc = scenario(layout=layout_for_gpus(64), steps=6, seed=3,
+                  fault=Fault("hang_rank", 1.0, 3, "rank:56"), heartbeats=False)  # fmt: skip
+    sim = ClusterSimulator(sc)
+    out = list(sim.run())
+    fs = [x for x in out if isinstance(x, StepFrame)]
+    assert all(56 not in f.rank for f in fs if f.step >= 3)
+    assert [f.step for f in fs][:3] == [0, 1, 2]
+    assert all(f.n_ranks == 64 for f in fs[:3])
+    assert all(f.missing.size == 64 - f.n_ranks for f in fs)
+    hbs = [x for x in out if isinstance(x, HeartbeatV1)]  # hang scenarios always beat
+    onset = sim.truth.onset_ts_ns
+    after = [h for h in hbs if h.ts_ns > onset + 1e9]
+    assert {h.rank for h in after} == set(range(64))
+    own = [h for h in after if h.rank == 56]
+    assert all(h.step == 3 and h.inflight == [] for h in own)
+    late = [h for h in after if h.ts_ns > onset + 10e9 and h.rank != 56]
+    assert late and all(len(h.inflight) == 1 for h in late)
+    for r in range(64):  # a blocked rank reports the same op, in flight since the same time
+        mine = {(h.step, h.inflight[0].group, h.inflight[0].seq, h.inflight[0].start_ns)
+                for h in late if h.rank == r}  # fmt: skip
+        assert len(mine) <= 1
+    last = max(h.ts_ns for h in hbs)
+    assert onset + HANG_TAIL_NS - 2e9 < last < onset + HANG_TAIL_NS + 1e9
+    evs = list(sim.events())
+    assert evs[-1][2]["event"] == "end"
+    for topic, _, value, _ in evs:  # hang heartbeats (with ops in flight) are valid v1 too
+        if topic == "flare.heartbeats.v1":
+            decode_heartbeat(orjson.dumps(value))
+    assert not any(e[0] == "flare.steps.v1" and e[2]["rank"] == 56 and e[2]["step"] >= 3
+                   for e in evs)  # fmt: skip
+
+
+def test_comm_hang_blocks_the_dp_group_in_its_collective():
+    sc = scenario(layout=layout_for_gpus(64), steps=6, seed=3,
+                  fault=Fault("comm_hang", 1.0, 3, "group:dp.1-0"))  # fmt: skip
+    sim = ClusterSimulator(sc)
+    assert sim.truth.culprit == "group:dp.1-0" and sim.truth.kind == "hang"
+    hbs = heartbeats(sim)
+    onset = sim.truth.onset_ts_ns
+    late = {h.rank: h for h in hbs if h.ts_ns > onset + 5e9}
+    members = [32 + 8 * d for d in range(4)]  # pp 1, tp 0
+    for r in members:
+        (op,) = late[r].inflight
+        assert (late[r].step, op.group, op.name) == (3, "dp.1-0", "reduce_scatter")
+    assert all(late[r].inflight for r in range(64))
+    fs = frames(sim)
+    assert all(f.step <= 4 for f in fs)
+    assert not any(set(members) & set(f.rank.tolist()) for f in fs if f.step >= 3)

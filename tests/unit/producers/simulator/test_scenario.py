@@ -1,0 +1,50 @@
+"""Scenarios, layouts and faults validate themselves, so a bad one fails at once with a
+sentence."""
+
+from __future__ import annotations
+
+import pytest
+
+from producers.simulator import ClusterSimulator, Fault, Layout, layout_for_gpus
+from tests.unit.producers.simulator.support import scenario
+
+
+def test_layout_presets_and_generic_powers_of_two():
+    assert (layout_for_gpus(8).tp, layout_for_gpus(8).pp, layout_for_gpus(8).dp) == (2, 2, 2)
+    assert (layout_for_gpus(64).tp, layout_for_gpus(64).pp, layout_for_gpus(64).dp) == (8, 2, 4)
+    assert (layout_for_gpus(1024).pp, layout_for_gpus(1024).dp) == (8, 16)
+    assert (layout_for_gpus(8192).pp, layout_for_gpus(8192).dp) == (8, 128)
+    assert (layout_for_gpus(16384).pp, layout_for_gpus(16384).dp) == (16, 128)
+    for k in range(3, 17):
+        lay = layout_for_gpus(2**k)
+        assert lay.world == 2**k
+        assert lay.pp > 1 or 2**k < 32
+    assert layout_for_gpus(256).n_switches == 2
+
+
+@pytest.mark.parametrize("bad", [4, 100, 0, -8])
+def test_layout_for_gpus_rejects_non_powers_of_two(bad):
+    with pytest.raises(ValueError, match="power of two"):
+        layout_for_gpus(bad)
+
+
+def test_invalid_layout_fault_and_scenario_say_why():
+    with pytest.raises(ValueError, match="ep=3 must divide dp=4"):
+        Layout(tp=2, pp=2, dp=4, ep=3)
+    with pytest.raises(ValueError, match="family"):
+        Fault("melted", 1.5, 1)
+    with pytest.raises(ValueError, match="onset_step"):
+        scenario(steps=3, fault=Fault("slow_gpu", 1.5, 3))
+    with pytest.raises(ValueError, match="2 leaf switches"):
+        ClusterSimulator(scenario(layout=layout_for_gpus(8), fault=Fault("switch", 3.0, 1)))
+    with pytest.raises(ValueError, match="not a node"):
+        ClusterSimulator(scenario(fault=Fault("slow_node", 1.5, 1, "node:node-9999")))
+    with pytest.raises(ValueError, match="outside the world"):
+        ClusterSimulator(scenario(fault=Fault("slow_gpu", 1.5, 1, "rank:16")))
+
+
+def test_cadence_fields_are_validated():
+    with pytest.raises(ValueError, match="keepalive_s must be a finite number"):
+        scenario(keepalive_s=-1.0)
+    with pytest.raises(ValueError, match="long_op_s must be a finite number"):
+        scenario(long_op_s=float("inf"))
