@@ -1,4 +1,10 @@
-"""Offline diagnosis of a recorded stream: the worker's code path without Kafka."""
+"""Offline diagnosis of a recorded stream: the worker's code path without Kafka.
+
+Messages are decoded and handed to their job's diagnoser through the worker's own tables
+(`streams.routing.decode_input` and `feed`), so `flare diagnose` on a recording finds what
+the worker finds on the same stream; only the Kafka concerns (keys, partitions, dead
+letters, event-time merge) are left out, since a recording is already in order.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +16,10 @@ import orjson
 from detectors.config import DetectorConfig
 from detectors.diagnoser import JobDiagnoser
 from schemas import InvalidMessage
-from schemas.decode import decode_heartbeat, decode_job
 from schemas.steps_decoder import StepsDecoder
+from schemas.topics import INPUT_TOPICS
 from schemas.wire import IncidentV1
-
-STEPS, HEARTBEATS, JOBS = "flare.steps.v1", "flare.heartbeats.v1", "flare.jobs.v1"
+from streams.routing import decode_input, feed
 
 
 @dataclass(slots=True)
@@ -40,18 +45,11 @@ def diagnose_messages(
         return d
 
     for i, (topic, raw) in enumerate(messages):
+        if topic not in INPUT_TOPICS:
+            continue  # not an input of the worker either: nothing to diagnose
         try:
-            if topic == STEPS:
-                msg = steps.decode(raw)
-                out = diag(msg.job).on_steps(msg)
-            elif topic == HEARTBEATS:
-                hb = decode_heartbeat(raw)
-                out = diag(hb.job).on_heartbeat(hb)
-            elif topic == JOBS:
-                ev = decode_job(raw)
-                out = diag(ev.job).on_job(ev)
-            else:
-                continue
+            msg = decode_input(topic, raw, steps)
+            out = feed(diag(msg.job), msg)
         except InvalidMessage as exc:
             res.invalid.append((i, str(exc)))
             continue

@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from schemas.clock import SecondsClock
+
 T = TypeVar("T")
 
 
@@ -59,7 +61,7 @@ class EventTimeMerger(Generic[T]):
     def __init__(
         self,
         topics: tuple[str, ...],
-        now: Callable[[], float],
+        now: SecondsClock,
         *,
         max_hold_s: float = 5.0,
         max_buffered: int = 200_000,

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
+from schemas.clock import NS_PER_S, SecondsClock
 from schemas.report import DiagnoserOutput
 from schemas.topics import DEADLETTER, INCIDENTS, ORDERED_TOPICS
 from schemas.wire import DeadLetterV1, IncidentV1
@@ -297,14 +298,14 @@ def build_pipeline(
     max_message_bytes: int,
     stall_after_s: float,
     job_idle_s: float,
-    now_s: Callable[[], float],
+    now_s: SecondsClock,
     decoder_cache_ranks: int = 16_384,
 ) -> Pipeline:
     """Wire a pipeline from its parts with one clock (seconds; the router gets ns)."""
     router = JobRouter(
         make_diagnoser,
         max_message_bytes=max_message_bytes,
-        now_ns=lambda: int(now_s() * 1e9),
+        now_ns=lambda: int(now_s() * NS_PER_S),
         idle_evict_s=job_idle_s,
         decoder_max_ranks=decoder_cache_ranks,
     )

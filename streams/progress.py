@@ -13,8 +13,10 @@ An idle worker (no lag) is healthy however long it has been quiet.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from schemas.clock import SecondsClock
 
 TP = tuple[str, int]
 
@@ -28,7 +30,7 @@ class Readiness:
 class Progress:
     """Processed offsets, high watermarks and processing times per topic-partition."""
 
-    def __init__(self, now: Callable[[], float], stall_after_s: float = 30.0) -> None:
+    def __init__(self, now: SecondsClock, stall_after_s: float = 30.0) -> None:
         self.now = now
         self._now = now
         self.stall_after_s = stall_after_s

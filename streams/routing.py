@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from schemas import InvalidMessage
+from schemas.clock import NS_PER_S, NanoClock
 from schemas.decode import decode_heartbeat, decode_job
 from schemas.rankstep import RankStep
 from schemas.report import DiagnoserOutput
@@ -40,7 +41,7 @@ from streams.deadletter import (
 
 log = logging.getLogger(__name__)
 
-_NS = 1_000_000_000
+InputMessage = RankStep | HeartbeatV1 | JobV1
 
 
 class Diagnoser(Protocol):
@@ -55,6 +56,33 @@ class Diagnoser(Protocol):
     def tick(self, now_ns: int) -> DiagnoserOutput: ...
 
     def flush(self) -> DiagnoserOutput: ...
+
+
+def decode_input(topic: str, value: bytes, steps: StepsDecoder) -> InputMessage:
+    """Decode one input message by its topic: the one topic -> decoder table.
+
+    The worker and `flare diagnose` both decode through here, so a recording read offline
+    and the same stream read from Kafka are understood alike. Heartbeats and job events get
+    the steps decoder's size limit. InvalidMessage for a bad message or a topic that is not
+    an input.
+    """
+    if topic == STEPS:
+        return steps.decode(value)
+    if topic == HEARTBEATS:
+        return decode_heartbeat(value, steps.max_bytes)
+    if topic == JOBS:
+        return decode_job(value, steps.max_bytes)
+    raise InvalidMessage("$topic", f"{topic!r} is not an input topic of this worker")
+
+
+def feed(diagnoser: Diagnoser, msg: InputMessage) -> DiagnoserOutput:
+    """Hand a decoded message to the diagnoser method of its kind: the one message ->
+    handler table, shared by the worker and `flare diagnose`."""
+    if isinstance(msg, RankStep):
+        return diagnoser.on_steps(msg)
+    if isinstance(msg, HeartbeatV1):
+        return diagnoser.on_heartbeat(msg)
+    return diagnoser.on_job(msg)
 
 
 @dataclass(slots=True)
@@ -85,7 +113,7 @@ class Decoded(NamedTuple):
     partition: int
     offset: int
     payload: bytes
-    msg: RankStep | HeartbeatV1 | JobV1
+    msg: InputMessage
 
     @property
     def job(self) -> str:
@@ -106,20 +134,18 @@ class JobRouter:
         make_diagnoser: Callable[[str], Diagnoser],
         *,
         max_message_bytes: int,
-        now_ns: Callable[[], int],
+        now_ns: NanoClock,
         idle_evict_s: float = 600.0,
         decoder_max_ranks: int = 16_384,
     ) -> None:
         self._make = make_diagnoser
-        self._max_bytes = max_message_bytes
         # Steps are decoded with a per-(job, rank) cache of what repeats step after step; it
         # is the router's, so it follows the jobs' lifetime here (forget on evict/revoke).
         self.steps_decoder = StepsDecoder(max_message_bytes, max_ranks=decoder_max_ranks)
         self._now_ns = now_ns
-        self._idle_ns = int(idle_evict_s * _NS)
+        self._idle_ns = int(idle_evict_s * NS_PER_S)
         self._jobs: dict[int, dict[str, _JobState]] = {}
         self.dead_letters = DeadLetterCounts()
-        self.processed = 0
 
     # ---- introspection --------------------------------------------------------------------
     def jobs(self, partition: int | None = None) -> list[str]:
@@ -127,20 +153,7 @@ class JobRouter:
         parts = [partition] if partition is not None else sorted(self._jobs)
         return sorted(j for p in parts for j in self._jobs.get(p, {}))
 
-    @property
-    def partitions(self) -> list[int]:
-        return sorted(self._jobs)
-
     # ---- messages -------------------------------------------------------------------------
-    def _decode(self, topic: str, value: bytes) -> RankStep | HeartbeatV1 | JobV1:
-        if topic == STEPS:
-            return self.steps_decoder.decode(value)
-        if topic == HEARTBEATS:
-            return decode_heartbeat(value, self._max_bytes)
-        if topic == JOBS:
-            return decode_job(value, self._max_bytes)
-        raise InvalidMessage("$topic", f"{topic!r} is not an input topic of this worker")
-
     def _dead(self, topic: str, partition: int, offset: int, cause: str, reason: str,
               payload: bytes | None, job: str | None = None, count: bool = True) -> Routed:
         if count:
@@ -155,13 +168,11 @@ class JobRouter:
         `count=False` (re-reading history) leaves the counters alone: those dead letters
         were counted by whoever read the messages first.
         """
-        if count:
-            self.processed += 1
         if value is None:
             return self._dead(topic, partition, offset, "$", "$: empty message (no value)", None,
                               count=count)
         try:
-            msg = self._decode(topic, value)
+            msg = decode_input(topic, value, self.steps_decoder)
         except InvalidMessage as exc:
             return self._dead(topic, partition, offset, cause_of(exc.field), invalid_reason(exc),
                               value, count=count)
@@ -180,12 +191,7 @@ class JobRouter:
         state = self._state(d.partition, job)
         now = self._now_ns()
         try:
-            if isinstance(msg, RankStep):
-                out = state.diagnoser.on_steps(msg)
-            elif isinstance(msg, HeartbeatV1):
-                out = state.diagnoser.on_heartbeat(msg)
-            else:
-                out = state.diagnoser.on_job(msg)
+            out = feed(state.diagnoser, msg)
             if not isinstance(msg, HeartbeatV1):  # a late heartbeat does not reopen a job
                 state.ended = isinstance(msg, JobV1) and msg.event == "end"
         except Exception as exc:  # a detector bug must not kill the worker nor lose the input
@@ -256,11 +262,3 @@ class JobRouter:
             dropped.extend(self._jobs.pop(p, {}))
         self.steps_decoder.forget(*dropped)
         return dropped
-
-    def flush_all(self) -> DiagnoserOutput:
-        """End of input (a bounded run, shutdown of a replay test): flush every job."""
-        out = DiagnoserOutput()
-        for jobs in self._jobs.values():
-            for state in jobs.values():
-                out.extend(state.diagnoser.flush())
-        return out

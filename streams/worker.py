@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flare.settings import Settings
+from schemas.kafka import KafkaConnection
 from schemas.topics import DEADLETTER, INCIDENTS, INPUT_TOPICS
 from streams.pipeline import BatchResult, Outgoing, Pipeline, Record
-from streams.rebuild import read_history
+from streams.rebuild import rebuild_partitions
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +35,17 @@ STATS_EVERY_S = 30.0
 RETRY_S = 1.0  # back-off while ClickHouse refuses writes (the batch stays un-acked)
 
 
-def local_bootstrap(settings: Settings) -> str:
-    """The broker to use: FLARE_KAFKA_BOOTSTRAP, else the local tansu of `flare up`."""
-    return settings.kafka_bootstrap or f"127.0.0.1:{settings.kafka_port}"
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """How one worker consumes: plain values the CLI takes from its settings (the stream
+    code reads no environment), so a test builds a worker without any."""
 
-
-def faust_broker_urls(bootstrap: str) -> list[str]:
-    """`host1:9092,host2:9092` -> faust's list of kafka:// URLs."""
-    hosts = [h.strip() for h in bootstrap.split(",") if h.strip()]
-    if not hosts:
-        raise ValueError("empty Kafka bootstrap address")
-    return [h if "://" in h else f"kafka://{h}" for h in hosts]
+    group_id: str  # the consumer group the workers share
+    partitions: int  # of the topics faust declares (they are created beforehand)
+    max_message_bytes: int  # sizes the fetches and the producer's requests
+    session_timeout_s: float  # consumer-group session: tansu joins in about half of it
+    fetch_max_wait_ms: int  # longest a fetch waits on quiet partitions (faust's own: 1,500)
+    rebuild_messages: int  # history re-read per input topic-partition on assignment (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,37 +58,42 @@ class ApiServer:
 
 
 def build_app(
-    settings: Settings,
+    config: WorkerConfig,
+    conn: KafkaConnection,
     pipeline: Pipeline,
     *,
-    bootstrap: str,
     datadir: Path,
     api: ApiServer | None = None,
 ) -> Any:
     """The faust App of one worker, with its agent, timer and rebalance hooks.
 
     `datadir` is faust's own scratch directory (it keeps no state there for us: no tables);
-    the caller gives a temporary one so nothing lands in the working directory.
+    the caller gives a temporary one so nothing lands in the working directory. Partitions
+    new to this worker have their recent history re-read from the cluster (`rebuild.py`).
     """
     import faust
     from faust.contrib.asgi import serve_asgi
 
+    from streams.kafka.faust_connection import faust_broker_urls, faust_credentials
     from streams.kafka.faust_consumer import transport_with_fetch_wait
+    from streams.kafka.history import KafkaHistory
 
-    max_fetch = max(4 * 1024 * 1024, 2 * settings.max_message_bytes)
+    history = KafkaHistory(conn, config.group_id)
+    max_fetch = max(4 * 1024 * 1024, 2 * config.max_message_bytes)
     app = faust.App(
-        settings.group_id,
-        broker=faust_broker_urls(bootstrap),
+        config.group_id,
+        broker=faust_broker_urls(conn),
+        broker_credentials=faust_credentials(conn),
         key_serializer="raw",
         value_serializer="raw",
         autodiscover=False,
         store="memory://",
         datadir=str(datadir),
-        topic_partitions=settings.partitions,
+        topic_partitions=config.partitions,
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
-        broker_session_timeout=settings.kafka_session_timeout_s,
-        broker_heartbeat_interval=max(0.5, settings.kafka_session_timeout_s / 6),
+        broker_session_timeout=config.session_timeout_s,
+        broker_heartbeat_interval=max(0.5, config.session_timeout_s / 6),
         broker_commit_interval=1.0,
         consumer_max_fetch_size=max_fetch,
         producer_max_request_size=max(2 * 1024 * 1024, max_fetch),
@@ -102,7 +107,7 @@ def build_app(
         # re-delivered) and skips what was already handled, so nothing needs the wait.
         stream_wait_empty=False,
     )
-    app.transport = transport_with_fetch_wait(settings.kafka_fetch_max_wait_ms)(
+    app.transport = transport_with_fetch_wait(config.fetch_max_wait_ms)(
         app.conf.broker_consumer, app
     )
     source = app.topic(*INPUT_TOPICS, key_serializer="raw", value_serializer="raw")
@@ -190,17 +195,13 @@ def build_app(
         new = pipeline.on_assigned((tp.topic, tp.partition) for tp in current)
         log.info("assigned partitions %s (new here: %s)",
                  sorted({tp.partition for tp in current}), sorted(new))
-        if new and settings.rebuild_messages > 0:
+        if new and config.rebuild_messages > 0:
             # Deliberately synchronous: no record of these partitions may be processed
             # before their history is replayed, and faust resumes fetching as soon as we
             # yield to the loop. Bounded by rebuild_messages and the read timeout.
             try:
-                history = read_history(
-                    bootstrap, settings.group_id,
-                    [(t, p) for t in INPUT_TOPICS for p in sorted(new)],
-                    max_per_tp=settings.rebuild_messages,
-                )
-                n = pipeline.rebuild(history)
+                n = rebuild_partitions(pipeline, history, new,
+                                       max_per_tp=config.rebuild_messages)
                 if n:
                     log.info("rebuilt the state of partitions %s from %d messages",
                              sorted(new), n)

@@ -11,54 +11,11 @@ Linux they also die if this process is killed outright.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
-
-_CLI = "from flare.cli import main; main()"
-
-
-@dataclass
-class _Child:
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        from flare.local.broker import stop_process
-
-        stop_process(self.process, timeout_s)
-
-    def log_tail(self, n: int = 25) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-
-def _spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str]) -> _Child:
-    from flare.local.broker import die_with_parent
-
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # Ctrl-C goes to us only; we stop children in order
-            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
-        )
-    return _Child(name, process, log_path)
 
 
 def incident_line(inc: dict) -> str:
@@ -76,22 +33,6 @@ def build_simulator(job: str, gpus: int, steps: int, fault: str | None, severity
     flt = Fault(fault, severity, onset, None) if fault and fault != "none" else None
     return ClusterSimulator(Scenario(job=job, layout=layout_for_gpus(gpus), steps=steps,
                                      seed=seed, fault=flt, step_time_s=step_time))
-
-
-def _wait_http(url: str, child: _Child, timeout_s: float) -> bool:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not child.alive():
-            return False
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    return False
 
 
 def register(app: typer.Typer) -> None:
@@ -125,6 +66,7 @@ def register(app: typer.Typer) -> None:
             start_tansu,
             wait_for_broker,
         )
+        from flare.local.processes import Child, chdb_url, flare_argv, spawn, wait_http, with_kafka
         from flare.settings import Settings
         from schemas.topics import INCIDENTS
         from streams.kafka.follow import TopicFollower
@@ -141,7 +83,7 @@ def register(app: typer.Typer) -> None:
         data_dir = data_dir.resolve()
         logs = data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        children: list[_Child] = []
+        children: list[Child] = []
         broker: TansuBroker | None = None
 
         def say(text: str) -> None:
@@ -156,38 +98,35 @@ def register(app: typer.Typer) -> None:
         code = 0
         try:
             if settings.kafka_bootstrap:
-                bootstrap = settings.kafka_bootstrap
-                wait_for_broker(bootstrap, timeout_s=30.0)
-                say(f"using Kafka at {bootstrap}")
+                conn = settings.kafka_connection()
+                wait_for_broker(conn, timeout_s=30.0)
+                say(f"using Kafka at {conn.bootstrap}")
             else:
                 broker = start_tansu(settings.kafka_port, log_path=logs / "tansu.log")
-                bootstrap = broker.bootstrap
-                say(f"started tansu at {bootstrap} (pid {broker.pid})")
-            counts = ensure_topics(bootstrap, settings.partitions)
+                conn = settings.kafka_connection(bootstrap=broker.bootstrap)
+                say(f"started tansu at {conn.bootstrap} (pid {broker.pid})")
+            counts = ensure_topics(conn, settings.partitions)
             say(f"topics ready: {len(counts)} × {next(iter(counts.values()))} partitions")
             if port_in_use(settings.api_host, settings.api_port):
                 raise BrokerError(f"API port {settings.api_host}:{settings.api_port} is in use; "
                                   "set FLARE_API_PORT to another port")
-            env = dict(os.environ)
-            env["FLARE_KAFKA_BOOTSTRAP"] = bootstrap
+            env = with_kafka(os.environ, conn)
             if "FLARE_CLICKHOUSE_URL" not in os.environ:
-                chdb_dir = (data_dir / "chdb").as_posix().lstrip("/")
-                env["FLARE_CLICKHOUSE_URL"] = f"chdb:///{chdb_dir}"
-            worker = _spawn("worker", [sys.executable, "-c", _CLI, "worker", "--quiet"],
-                            logs / "worker.log", env)
+                env["FLARE_CLICKHOUSE_URL"] = chdb_url(data_dir / "chdb")
+            worker = spawn("worker", flare_argv("worker", "--quiet"), logs / "worker.log", env)
             children.append(worker)
             api_url = f"http://{settings.api_host}:{settings.api_port}"
-            follower = TopicFollower(bootstrap, [INCIDENTS], from_beginning=broker is not None)
-            if not _wait_http(f"{api_url}/healthz", worker, 90.0):
+            follower = TopicFollower(conn, [INCIDENTS], from_beginning=broker is not None)
+            if not wait_http(f"{api_url}/healthz", worker, 90.0):
                 raise RuntimeError(f"the worker did not come up; its log:\n{worker.log_tail()}")
-            say(f"worker up (pid {worker.process.pid}); API at {api_url}  (docs: {api_url}/docs)")
+            say(f"worker up (pid {worker.pid}); API at {api_url}  (docs: {api_url}/docs)")
             if simulate:
-                argv = [sys.executable, "-c", _CLI, "simulate", "--bootstrap", bootstrap,
-                        "--job", job, "--gpus", str(gpus), "--steps", str(sim_steps),
-                        "--step-time", str(step_time), "--seed", str(seed)]
+                argv = flare_argv("simulate", "--bootstrap", conn.bootstrap, "--job", job,
+                                  "--gpus", str(gpus), "--steps", str(sim_steps),
+                                  "--step-time", str(step_time), "--seed", str(seed))
                 if fault != "none":
                     argv += ["--fault", fault, "--severity", str(severity), "--onset", str(onset)]
-                children.append(_spawn("simulator", argv, logs / "simulator.log", env))
+                children.append(spawn("simulator", argv, logs / "simulator.log", env))
                 what = f"{fault} ×{severity} from step {onset}" if fault != "none" else "no fault"
                 say(f"simulating job {job}: {gpus} GPUs, {what}, real time")
             say("waiting for incidents (Ctrl-C to stop)")

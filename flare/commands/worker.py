@@ -1,9 +1,10 @@
 """`flare worker`: consume the flare topics, diagnose each job, store and publish the results.
 
-This module is the composition root of a worker process: it builds the settings, the
-ClickHouse client, the sink, the pipeline and the faust app, and (unless `--no-api`) serves
-the HTTP API from the same process and loop, which embedded chDB requires (one process owns
-its data directory).
+This module is the composition root of a worker process: it builds the settings, the Kafka
+connection, the ClickHouse client, the sink, the pipeline and the faust app, and (unless
+`--no-api`) serves the HTTP API from the same process and loop, which embedded chDB requires
+(one process owns its data directory). Settings are read here and handed down as plain
+values (`WorkerConfig`, `DetectorConfig`, `KafkaConnection`): the stream code reads none.
 """
 
 from __future__ import annotations
@@ -12,17 +13,34 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from flare.settings import Settings
+
+if TYPE_CHECKING:
+    from streams.worker import WorkerConfig
 
 log = logging.getLogger("flare.worker")
 
 
 def _settings(**overrides: Any) -> Settings:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def worker_config(settings: Settings) -> WorkerConfig:
+    """The worker's consuming knobs, from the settings."""
+    from streams.worker import WorkerConfig
+
+    return WorkerConfig(
+        group_id=settings.group_id,
+        partitions=settings.partitions,
+        max_message_bytes=settings.max_message_bytes,
+        session_timeout_s=settings.kafka_session_timeout_s,
+        fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
+        rebuild_messages=settings.rebuild_messages,
+    )
 
 
 def build_api(db: Any, pipeline: Any) -> Any:
@@ -56,11 +74,11 @@ def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> No
     from storage.writer import Sink
     from streams.kafka.topics import ensure_topics
     from streams.pipeline import build_pipeline
-    from streams.worker import ApiServer, build_app, local_bootstrap, run_faust
+    from streams.worker import ApiServer, build_app, run_faust
 
-    bootstrap = local_bootstrap(settings)
-    wait_for_broker(bootstrap, timeout_s=60.0)
-    ensure_topics(bootstrap, settings.partitions)
+    conn = settings.kafka_connection()
+    wait_for_broker(conn, timeout_s=60.0)
+    ensure_topics(conn, settings.partitions)
     db = connect_when_ready(settings.clickhouse_url, settings.clickhouse_password, timeout_s=60.0)
     apply_schema(db)
     detector_config = DetectorSettings().config()
@@ -78,10 +96,11 @@ def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> No
         api = ApiServer(build_api(db, pipeline), settings.api_host, settings.api_port)
     if not quiet:
         where = f", API on http://{settings.api_host}:{settings.api_port}" if api else ""
-        typer.echo(f"flare worker: Kafka {bootstrap}, ClickHouse {db.location}{where}", err=True)
+        typer.echo(f"flare worker: Kafka {conn.bootstrap}, ClickHouse {db.location}{where}",
+                   err=True)
     try:
         with tempfile.TemporaryDirectory(prefix="flare-faust-") as scratch:
-            app = build_app(settings, pipeline, bootstrap=bootstrap, datadir=Path(scratch),
+            app = build_app(worker_config(settings), conn, pipeline, datadir=Path(scratch),
                             api=api)
             run_faust(app, loglevel=settings.log_level, quiet=quiet)
     finally:

@@ -7,14 +7,13 @@ real Kafka in `FLARE_KAFKA_BOOTSTRAP` and never starts this.
 
 The broker is a child process: we wait until it answers a metadata request before handing
 out its address, and we kill it on exit (and, on Linux, the kernel kills it if we die first,
-so a crashed `flare up` never leaves an orphan holding the port).
+so a crashed `flare up` never leaves an orphan holding the port: `processes.die_with_parent`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +23,10 @@ from pathlib import Path
 from types import TracebackType
 
 from confluent_kafka.admin import AdminClient
+
+from flare.local.processes import die_with_parent, stop_process
+from schemas.clock import SecondsClock
+from schemas.kafka import KafkaConnection
 
 
 class BrokerError(RuntimeError):
@@ -67,9 +70,9 @@ def port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """True when a Kafka broker at `bootstrap` answers a metadata request."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+def broker_answers(conn: KafkaConnection, timeout_s: float = 2.0) -> bool:
+    """True when a Kafka broker of `conn` answers a metadata request."""
+    admin = AdminClient({**conn.librdkafka(), "log_level": 0})
     try:
         md = admin.list_topics(timeout=timeout_s)
     except Exception:
@@ -78,35 +81,24 @@ def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
 
 
 def wait_for_broker(
-    bootstrap: str,
+    conn: KafkaConnection,
     timeout_s: float = 20.0,
     *,
     alive: Callable[[], bool] = lambda: True,
-    clock: Callable[[], float] = time.monotonic,
+    clock: SecondsClock = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """Block until the broker answers; raise BrokerError after `timeout_s` or if it died."""
     deadline = clock() + timeout_s
+    where = conn.bootstrap
     while True:
         if not alive():
-            raise BrokerError(f"the broker at {bootstrap} exited before it answered")
-        if broker_answers(bootstrap, timeout_s=1.0):
+            raise BrokerError(f"the broker at {where} exited before it answered")
+        if broker_answers(conn, timeout_s=1.0):
             return
         if clock() >= deadline:
-            raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f} s")
+            raise BrokerError(f"no Kafka broker answered at {where} within {timeout_s:.0f} s")
         sleep(0.1)
-
-
-def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask Linux to SIGTERM the broker when the process that started it dies."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except Exception:
-        pass
 
 
 class TansuBroker:
@@ -122,6 +114,11 @@ class TansuBroker:
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def connection(self) -> KafkaConnection:
+        """How clients reach it: plain TCP on loopback, no SASL or TLS."""
+        return KafkaConnection(bootstrap=self.bootstrap)
 
     @property
     def pid(self) -> int:
@@ -185,7 +182,7 @@ def start_tansu(
             out.close()  # type: ignore[union-attr]
     broker = TansuBroker(process, host, port, log_path)
     try:
-        wait_for_broker(broker.bootstrap, timeout_s, alive=broker.alive)
+        wait_for_broker(broker.connection, timeout_s, alive=broker.alive)
     except BaseException as exc:
         broker.stop()
         tail = broker.log_tail()
@@ -194,14 +191,3 @@ def start_tansu(
         raise
     return broker
 
-
-def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
-    """Terminate a child, then kill it if it does not exit in time. Idempotent."""
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=5.0)

@@ -9,7 +9,8 @@ backlog, and cannot keep a 2,048-GPU job in real time; with 20 ms it can.
 
 faust offers no setting for it, so the consumer thread sets aiokafka's attribute after
 building the consumer and before `start()` hands it to the fetcher.
-`tests/test_worker_fetch_wait.py` fails if either library renames what this relies on.
+`tests/unit/streams/kafka/test_faust_consumer.py` fails if either library renames what this
+relies on.
 """
 
 from __future__ import annotations

@@ -13,8 +13,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+
+from schemas.clock import SecondsClock
+from schemas.kafka import KafkaConnection
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,24 +30,29 @@ class Received:
     value: bytes | None
 
 
+def follower_config(conn: KafkaConnection) -> dict[str, Any]:
+    """A consumer that assigns itself partitions: it never joins a group nor commits."""
+    return {
+        **conn.librdkafka(),
+        "group.id": "flare-follower",  # required by librdkafka; never joined nor committed
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "log_level": 0,
+    }
+
+
 class TopicFollower:
     """All partitions of some topics, assigned (no group), from the beginning or the end."""
 
-    def __init__(self, bootstrap: str, topics: Iterable[str], *, from_beginning: bool = True,
-                 timeout_s: float = 10.0) -> None:
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap,
-            "group.id": "flare-follower",  # required by librdkafka; never joined nor committed
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "log_level": 0,
-        })
+    def __init__(self, conn: KafkaConnection, topics: Iterable[str], *,
+                 from_beginning: bool = True, timeout_s: float = 10.0) -> None:
+        self._consumer = Consumer(follower_config(conn))
         start = OFFSET_BEGINNING if from_beginning else OFFSET_END
         assignment = []
         for topic in topics:
             md = self._consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
             if md is None or md.error is not None or not md.partitions:
-                raise RuntimeError(f"topic {topic} does not exist on {bootstrap}")
+                raise RuntimeError(f"topic {topic} does not exist on {conn.bootstrap}")
             assignment += [TopicPartition(topic, p, start) for p in sorted(md.partitions)]
         self._consumer.assign(assignment)
 
@@ -75,7 +84,7 @@ def read_until(
     done: Callable[[list[Received]], bool],
     *,
     timeout_s: float,
-    clock: Callable[[], float] = time.monotonic,
+    clock: SecondsClock = time.monotonic,
 ) -> list[Received]:
     """Everything read until `done(all so far)` is true, or `timeout_s` passed."""
     got: list[Received] = []

@@ -9,10 +9,12 @@ therefore an error, not a warning.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from schemas.kafka import KafkaConnection
 from schemas.topics import ALL_TOPICS
 
 
@@ -40,7 +42,7 @@ def check_copartitioned(counts: Mapping[str, int], topics: Iterable[str] = ALL_T
 
 
 def ensure_topics(
-    bootstrap: str,
+    conn: KafkaConnection,
     partitions: int,
     *,
     replication: int = 1,
@@ -56,7 +58,8 @@ def ensure_topics(
     if partitions < 1:
         raise TopicError(f"partitions must be >= 1, got {partitions}")
     names = list(topics)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config: dict[str, Any] = {**conn.librdkafka()}
+    admin = AdminClient(config)
     existing = partition_counts(admin, timeout_s)
     missing = [t for t in names if t not in existing]
     if missing:

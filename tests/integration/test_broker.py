@@ -19,9 +19,9 @@ def test_tansu_starts_answers_and_is_gone_after_stop(tmp_path: Path) -> None:
     port = free_port()
     with start_tansu(port, log_path=tmp_path / "t.log") as broker:
         assert broker.alive() and port_in_use("127.0.0.1", port)
-        counts = ensure_topics(broker.bootstrap, 3)
+        counts = ensure_topics(broker.connection, 3)
         assert counts == dict.fromkeys(ALL_TOPICS, 3)
-        assert ensure_topics(broker.bootstrap, 8) == counts  # idempotent: existing count wins
+        assert ensure_topics(broker.connection, 8) == counts  # idempotent: existing count wins
     assert not broker.alive() and not port_in_use("127.0.0.1", port)
 
 
@@ -36,8 +36,8 @@ def test_a_taken_port_is_a_clear_error() -> None:
 
 def test_topics_with_mismatched_partition_counts_are_refused() -> None:
     with start_tansu(free_port()) as broker:
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin = AdminClient(broker.connection.librdkafka())
         for f in admin.create_topics([NewTopic(STEPS, 2, 1)]).values():
             f.result()
         with pytest.raises(TopicError, match="same partition count"):
-            ensure_topics(broker.bootstrap, 4)
+            ensure_topics(broker.connection, 4)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import subprocess
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -19,16 +18,18 @@ import pytest
 from aiokafka.partitioner import murmur2
 
 from flare.local.broker import TansuBroker
+from flare.local.processes import flare_argv
 from flare.offline import diagnose_messages, recording_messages
-from producers.publisher import Publisher
+from producers.publisher import KafkaPublisher
 from producers.recording import message_ts_ns
 from producers.simulator import Fault, Scenario, layout_for_gpus, write_recording
+from schemas.kafka import KafkaConnection
 from schemas.topics import DEADLETTER, INCIDENTS, JOBS, STEPS
 from schemas.wire import DeadLetterV1, IncidentV1
 from storage.client import connect
 from storage.reader import Queries
 from streams.kafka.follow import Received, TopicFollower, read_until
-from tests.integration.conftest import CLI, PARTITIONS, ROOT, WorkerProcess, unique, wait_for
+from tests.integration.conftest import PARTITIONS, ROOT, WorkerProcess, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -52,9 +53,8 @@ def offline(paths: Iterable[Path]) -> dict[str, IncidentV1]:
 
 
 def replay(path: Path, bootstrap: str) -> None:
-    result = subprocess.run([sys.executable, "-c", CLI, "replay", str(path),
-                             "--bootstrap", bootstrap], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(flare_argv("replay", str(path), "--bootstrap", bootstrap), cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("published ")
 
@@ -82,7 +82,7 @@ def final_incidents(msgs: list[Received], jobs: set[str]) -> dict[str, IncidentV
     return out
 
 
-def incidents_from_topic(bootstrap: str, want: dict[str, IncidentV1],
+def incidents_from_topic(conn: KafkaConnection, want: dict[str, IncidentV1],
                          timeout_s: float = 90.0) -> dict[str, IncidentV1]:
     jobs = {i.job for i in want.values()}
 
@@ -91,16 +91,16 @@ def incidents_from_topic(bootstrap: str, want: dict[str, IncidentV1],
         return got.keys() == want.keys() and all(same(msgspec.to_builtins(got[k]), want[k])
                                                  for k in want)
 
-    with TopicFollower(bootstrap, [INCIDENTS]) as f:
+    with TopicFollower(conn, [INCIDENTS]) as f:
         return final_incidents(read_until(f, done, timeout_s=timeout_s), jobs)
 
 
 def test_publisher_lands_a_job_where_java_clients_and_faust_would(broker: TansuBroker) -> None:
     jobs = [unique("part") for _ in range(12)]
-    with Publisher(broker.bootstrap) as pub:
+    with KafkaPublisher(broker.connection) as pub:
         for job in jobs:
             pub.publish(JOBS, job, {"v": 1, "job": job, "event": "end", "ts_ns": 1})
-    with TopicFollower(broker.bootstrap, [JOBS]) as f:
+    with TopicFollower(broker.connection, [JOBS]) as f:
         got = read_until(f, lambda ms: {m.key for m in ms} >= {j.encode() for j in jobs},
                          timeout_s=30)
     where = {m.key.decode(): m.partition for m in got if m.key and m.key.decode() in jobs}
@@ -117,7 +117,7 @@ def test_a_recording_gives_the_same_incidents_in_clickhouse_the_api_and_the_topi
     worker = start_worker(unique("g-e2e"))
     replay(rec, broker.bootstrap)
 
-    on_topic = incidents_from_topic(broker.bootstrap, want)
+    on_topic = incidents_from_topic(broker.connection, want)
     assert on_topic.keys() == want.keys()
     assert all(same(msgspec.to_builtins(on_topic[k]), want[k]) for k in want)
 
@@ -160,7 +160,7 @@ def test_bad_messages_become_dead_letters_and_nothing_else_is_lost(
         "oversized": orjson.dumps({**good_step, "node": "n", "pad": "x" * 100_000}),
         "bad field": orjson.dumps({**good_step, "rank": -1}),
     }
-    with Publisher(broker.bootstrap) as pub:
+    with KafkaPublisher(broker.connection) as pub:
         for raw in bad.values():
             pub.publish(STEPS, bad_key, raw)
     replay(rec, broker.bootstrap)
@@ -169,7 +169,7 @@ def test_bad_messages_become_dead_letters_and_nothing_else_is_lost(
         return [msgspec.json.decode(m.value or b"", type=DeadLetterV1) for m in msgs
                 if m.key == bad_key.encode()]
 
-    with TopicFollower(broker.bootstrap, [DEADLETTER]) as f:
+    with TopicFollower(broker.connection, [DEADLETTER]) as f:
         got = dead_letters(read_until(f, lambda ms: len(dead_letters(ms)) >= len(bad),
                                       timeout_s=60))
     reasons = [d.reason for d in sorted(got, key=lambda d: d.offset)]
@@ -184,7 +184,7 @@ def test_bad_messages_become_dead_letters_and_nothing_else_is_lost(
     assert payloads == list(bad.values())  # the original bytes, for whoever fixes the producer
 
     want = offline([rec])
-    incidents_from_topic(broker.bootstrap, want)  # the good job is still fully diagnosed
+    incidents_from_topic(broker.connection, want)  # the good job is still fully diagnosed
 
     def counted() -> bool:
         now = worker.stats()["dead_letters"]["by_cause"]
@@ -237,7 +237,7 @@ def test_two_workers_in_one_group_split_the_jobs_and_each_diagnoses_its_own(
     for rec in recs:
         replay(rec, broker.bootstrap)
 
-    on_topic = incidents_from_topic(broker.bootstrap, want)
+    on_topic = incidents_from_topic(broker.connection, want)
     assert on_topic.keys() == want.keys()
 
     def served(w: WorkerProcess) -> set[str]:
@@ -267,7 +267,7 @@ def test_a_worker_taking_over_a_job_rebuilds_its_state_and_continues_the_inciden
 
     a = start_worker(group, "a")
     replay(first, broker.bootstrap)
-    with TopicFollower(broker.bootstrap, [INCIDENTS]) as f:  # a opened the incident
+    with TopicFollower(broker.connection, [INCIDENTS]) as f:  # a opened the incident
         opened = final_incidents(read_until(f, lambda ms: bool(final_incidents(ms, {job})),
                                             timeout_s=60), {job})
     assert opened.keys() == want.keys() and all(i.status == "open" for i in opened.values())
@@ -277,7 +277,7 @@ def test_a_worker_taking_over_a_job_rebuilds_its_state_and_continues_the_inciden
     b = start_worker(group, "b")
     assert b.stats()["rebuilt_from_history"] > 0
     replay(second, broker.bootstrap)
-    on_topic = incidents_from_topic(broker.bootstrap, want)
+    on_topic = incidents_from_topic(broker.connection, want)
     assert on_topic.keys() == want.keys()  # same ids: continued, not re-opened
     assert all(same(msgspec.to_builtins(on_topic[k]), want[k]) for k in want)
 
@@ -298,8 +298,8 @@ def test_a_worker_joining_mid_stream_changes_nothing_in_the_results(
 
     group = unique("g-mid")
     a = start_worker(group, "a")
-    player = subprocess.Popen([sys.executable, "-c", CLI, "replay", str(merged), "--bootstrap",
-                               broker.bootstrap, "--speed", "1.5"], cwd=ROOT,
+    player = subprocess.Popen(flare_argv("replay", str(merged), "--bootstrap", broker.bootstrap,
+                                         "--speed", "1.5"), cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: a.stats()["records"] > 500, 30, "worker a to be mid-stream")
@@ -309,7 +309,7 @@ def test_a_worker_joining_mid_stream_changes_nothing_in_the_results(
     finally:
         if player.poll() is None:
             player.kill()
-    on_topic = incidents_from_topic(broker.bootstrap, want)
+    on_topic = incidents_from_topic(broker.connection, want)
     assert on_topic.keys() == want.keys()
     assert all(same(msgspec.to_builtins(on_topic[k]), want[k]) for k in want)
     assert b.stats()["assigned"], "b took some partitions"

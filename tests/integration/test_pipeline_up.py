@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from flare.local.broker import free_port, port_in_use
-from tests.integration.conftest import CLI, ROOT
+from flare.local.processes import flare_argv
+from tests.integration.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -25,8 +25,8 @@ def test_flare_up_simulates_prints_the_first_incident_and_cleans_up(tmp_path: Pa
     for var in ("FLARE_KAFKA_BOOTSTRAP", "FLARE_CLICKHOUSE_URL"):
         env.pop(var, None)
     result = subprocess.run(
-        [sys.executable, "-c", CLI, "up", "--simulate", "--gpus", "64",
-         "--exit-after-incident", "--timeout", "120", "--data-dir", str(tmp_path / "data")],
+        flare_argv("up", "--simulate", "--gpus", "64", "--exit-after-incident", "--timeout",
+                   "120", "--data-dir", str(tmp_path / "data")),
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
     )
     out = result.stdout

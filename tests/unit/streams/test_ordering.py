@@ -1,22 +1,14 @@
-"""Event-time merge of a job's topics, and lag / readiness from our own offsets (fake clock)."""
+"""Event-time merge of a job's topics: order, waiting for lagging topics, bounds."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from schemas.testing import FakeClock
 from streams.ordering import EventTimeMerger
-from streams.progress import Progress
 
 TOPICS = ("steps", "heartbeats", "jobs")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def nothing_more(topic: str, partition: int) -> bool:
@@ -24,7 +16,7 @@ def nothing_more(topic: str, partition: int) -> bool:
 
 
 def test_heads_are_released_in_event_time_order_with_ties_by_topic() -> None:
-    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, Clock())
+    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, FakeClock().seconds)
     m.push(0, "j", "jobs", 30, "end")
     m.push(0, "j", "heartbeats", 10, "hb10")
     m.push(0, "j", "steps", 10, "s10")
@@ -36,7 +28,7 @@ def test_heads_are_released_in_event_time_order_with_ties_by_topic() -> None:
 
 
 def test_order_within_a_topic_is_never_changed() -> None:
-    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, Clock())
+    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, FakeClock().seconds)
     for i, t in enumerate([50, 10, 40]):  # ranks of one step end at different times
         m.push(0, "j", "steps", t, f"s{i}")
     m.push(0, "j", "heartbeats", 45, "hb")
@@ -44,8 +36,8 @@ def test_order_within_a_topic_is_never_changed() -> None:
 
 
 def test_a_job_waits_for_a_topic_that_still_has_messages_to_fetch() -> None:
-    clock = Clock()
-    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, clock, max_hold_s=5.0)
+    clock = FakeClock()
+    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, clock.seconds, max_hold_s=5.0)
     m.push(0, "j", "heartbeats", 100, "hb100")
     m.push(0, "j", "jobs", 200, "end")
     lagging = {("steps", 0)}
@@ -63,8 +55,8 @@ def test_a_job_waits_for_a_topic_that_still_has_messages_to_fetch() -> None:
 
 def test_the_hold_is_timed_from_when_the_topic_ran_empty_not_from_the_oldest_item() -> None:
     """Under a backlog the job's `end` waits behind its steps for as long as they keep coming."""
-    clock = Clock()
-    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, clock, max_hold_s=5.0)
+    clock = FakeClock()
+    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, clock.seconds, max_hold_s=5.0)
 
     def steps_lag(topic: str, partition: int) -> bool:
         return topic == "steps"
@@ -72,20 +64,20 @@ def test_the_hold_is_timed_from_when_the_topic_ran_empty_not_from_the_oldest_ite
     m.push(0, "j", "jobs", 1000, "end")
     m.push(0, "j", "steps", 100, "s1")
     assert m.release(steps_lag) == ["s1"]
-    clock.t = 4.0
+    clock.advance(4.0)
     m.push(0, "j", "steps", 200, "s2")
     assert m.release(steps_lag) == ["s2"]
-    clock.t = 8.0  # `end` is 8 s old, but the steps topic ran empty only 4 s ago
+    clock.advance(4.0)  # `end` is 8 s old, but the steps topic ran empty only 4 s ago
     assert m.release(steps_lag) == []
     assert m.forced == 0
-    clock.t = 9.0  # 5 s without a step while the topic still has messages: it is stalled
+    clock.advance(1.0)  # 5 s without a step while the topic still has messages: it is stalled
     assert m.release(steps_lag) == ["end"]
     assert m.forced == 1
 
 
 def test_a_topic_that_gets_lag_while_empty_is_waited_for_from_then() -> None:
-    clock = Clock()
-    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, clock, max_hold_s=5.0)
+    clock = FakeClock()
+    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, clock.seconds, max_hold_s=5.0)
     lagging: set[str] = set()
 
     def has_more(topic: str, partition: int) -> bool:
@@ -93,10 +85,10 @@ def test_a_topic_that_gets_lag_while_empty_is_waited_for_from_then() -> None:
 
     m.push(0, "j", "heartbeats", 100, "hb")
     m.push(0, "j", "heartbeats", 300, "hb2")
-    clock.t = 60.0
+    clock.advance(60.0)
     lagging.add("steps")  # a step reached the broker but is not fetched yet
     assert m.release(has_more) == []
-    clock.t = 64.0
+    clock.advance(4.0)
     assert m.release(has_more) == []  # waited 4 s, not 60
     m.push(0, "j", "steps", 200, "s")
     lagging.clear()
@@ -104,15 +96,15 @@ def test_a_topic_that_gets_lag_while_empty_is_waited_for_from_then() -> None:
 
 
 def test_waiting_is_bounded_in_time_and_space() -> None:
-    clock = Clock()
-    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, clock, max_hold_s=5.0, max_buffered=3)
+    clock = FakeClock()
+    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, clock.seconds, max_hold_s=5.0, max_buffered=3)
 
     def always(topic: str, partition: int) -> bool:
         return topic == "steps"
 
     m.push(0, "j", "heartbeats", 1, "a")
     assert m.release(always) == []
-    clock.t = 5.0
+    clock.advance(5.0)
     assert m.release(always) == ["a"]
     assert m.forced == 1
     for i in range(4):
@@ -122,7 +114,7 @@ def test_waiting_is_bounded_in_time_and_space() -> None:
 
 
 def test_jobs_do_not_block_each_other() -> None:
-    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, Clock())
+    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, FakeClock().seconds)
     m.push(0, "a", "steps", 100, "a-step")
     m.push(0, "b", "steps", 10, "b-step")
     m.push(0, "a", "heartbeats", 50, "a-hb")
@@ -130,7 +122,7 @@ def test_jobs_do_not_block_each_other() -> None:
 
 
 def test_drop_forgets_revoked_partitions() -> None:
-    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, Clock())
+    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, FakeClock().seconds)
     m.push(0, "a", "steps", 1, "x")
     m.push(1, "b", "steps", 1, "y")
     assert m.drop({1}) == ["y"]
@@ -140,7 +132,7 @@ def test_drop_forgets_revoked_partitions() -> None:
 @given(st.lists(st.tuples(st.sampled_from(TOPICS), st.integers(0, 50)), max_size=60))
 def test_merge_of_time_sorted_topics_is_time_sorted_and_complete(
         items: list[tuple[str, int]]) -> None:
-    m: EventTimeMerger[tuple[str, int, int]] = EventTimeMerger(TOPICS, Clock())
+    m: EventTimeMerger[tuple[str, int, int]] = EventTimeMerger(TOPICS, FakeClock().seconds)
     per_topic = {t: sorted(ts for tt, ts in items if tt == t) for t in TOPICS}
     for t, times in per_topic.items():
         for i, ts in enumerate(times):
@@ -149,39 +141,3 @@ def test_merge_of_time_sorted_topics_is_time_sorted_and_complete(
     assert sorted(out) == sorted((t, ts, i) for t, v in per_topic.items()
                                  for i, ts in enumerate(v))
     assert [ts for _t, ts, _i in out] == sorted(ts for _t, ts, _i in out)
-
-
-# ---- progress ------------------------------------------------------------------------------
-
-def test_lag_comes_from_processed_offsets_and_fetch_highwaters() -> None:
-    clock = Clock()
-    p = Progress(clock, stall_after_s=30.0)
-    p.assigned([("steps", 0), ("steps", 1), ("heartbeats", 0)])
-    p.set_highwater("steps", 0, 10)
-    p.processed("steps", 0, 3)
-    assert p.lag(("steps", 0)) == 6
-    assert p.lag(("steps", 1)) == 0  # never fetched: nothing known to wait
-    p.processed("heartbeats", 0, 7)  # beyond a stale highwater: never negative
-    assert p.lag(("heartbeats", 0)) == 0
-    assert p.total_lag() == 6
-    assert p.caught_up_partitions() == [1]
-    p.processed("steps", 0, 9)
-    assert p.caught_up_partitions() == [0, 1]
-
-
-def test_readiness_fails_only_when_input_waits_and_nothing_moves() -> None:
-    clock = Clock()
-    p = Progress(clock, stall_after_s=30.0)
-    assert not p.readiness().ready  # no partitions yet
-    p.assigned([("steps", 0)])
-    assert p.readiness().ready
-    clock.t = 1000.0
-    assert p.readiness().ready  # idle, nothing to read: healthy
-    p.set_highwater("steps", 0, 5)
-    clock.t = 1031.0
-    r = p.readiness()
-    assert not r.ready and "5 messages waiting" in r.reason
-    p.processed("steps", 0, 4)
-    assert p.readiness().ready
-    p.stopping = True
-    assert not p.readiness().ready

@@ -19,48 +19,16 @@ import pytest
 from detectors.diagnoser import JobDiagnoser
 from flare.offline import diagnose_messages
 from producers.simulator import ClusterSimulator, Fault, Scenario, layout_for_gpus
-from schemas.report import DiagnoserOutput
+from schemas.testing import FakeClock
 from schemas.topics import DEADLETTER, HEARTBEATS, INCIDENTS, INPUT_TOPICS, JOBS, STEPS
 from schemas.wire import DeadLetterV1, IncidentV1
-from storage.client import StorageError
+from storage.testing import MemoryStore
 from streams.pipeline import Pipeline, Record, build_pipeline
 
 
-class FakeSink:
-    """The RowSink seam: keeps what it was given; can be told to fail like ClickHouse."""
-
-    def __init__(self) -> None:
-        self.buffered: list[Any] = []
-        self.stored: list[Any] = []
-        self.fail = False
-
-    def add_output(self, out: DiagnoserOutput) -> None:
-        self.buffered.extend(out.reports)
-        self.buffered.extend(out.incidents)
-
-    def add_dead_letter(self, dl: DeadLetterV1) -> None:
-        self.buffered.append(dl)
-
-    def flush(self) -> dict[str, int]:
-        if self.fail:
-            raise StorageError("ClickHouse at test: insert failed: connection refused")
-        n = len(self.buffered)
-        self.stored.extend(self.buffered)
-        self.buffered.clear()
-        return {"rows": n}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def make_pipeline(sink: FakeSink, clock: Clock) -> Pipeline:
+def make_pipeline(sink: MemoryStore, clock: FakeClock) -> Pipeline:
     return build_pipeline(sink, lambda job: JobDiagnoser(job), max_message_bytes=1 << 20,
-                          stall_after_s=30.0, job_idle_s=3600.0, now_s=clock)
+                          stall_after_s=30.0, job_idle_s=3600.0, now_s=clock.seconds)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +77,7 @@ def test_worker_incidents_equal_offline_diagnosis_whatever_the_interleaving(
     offline = diagnose_messages((t, raw) for t, _k, raw in recording)
     assert offline.incidents, "the scenario must produce an incident to compare"
 
-    sink, clock = FakeSink(), Clock()
+    sink, clock = MemoryStore(), FakeClock()
     pipe = make_pipeline(sink, clock)
     per_topic = as_records(recording)
     pipe.on_assigned([(t, 0) for t in INPUT_TOPICS])
@@ -135,7 +103,7 @@ def test_worker_incidents_equal_offline_diagnosis_whatever_the_interleaving(
 
 
 def test_dead_letters_are_stored_and_published_keyed_by_job() -> None:
-    sink, clock = FakeSink(), Clock()
+    sink, clock = MemoryStore(), FakeClock()
     pipe = make_pipeline(sink, clock)
     result = pipe.on_records([
         Record(STEPS, 2, 7, b"job-x", b'{"v":3}'),
@@ -152,7 +120,7 @@ def test_dead_letters_are_stored_and_published_keyed_by_job() -> None:
 
 
 def test_records_of_partitions_no_longer_ours_are_skipped() -> None:
-    sink, clock = FakeSink(), Clock()
+    sink, clock = MemoryStore(), FakeClock()
     pipe = make_pipeline(sink, clock)
     pipe.on_assigned([(STEPS, 0)])
     result = pipe.on_records([Record(STEPS, 1, 0, b"j", b"{}")])
@@ -160,14 +128,14 @@ def test_records_of_partitions_no_longer_ours_are_skipped() -> None:
 
 
 def test_storage_failure_keeps_rows_and_fails_readiness_until_it_recovers() -> None:
-    sink, clock = FakeSink(), Clock()
+    sink, clock = MemoryStore(), FakeClock()
     pipe = make_pipeline(sink, clock)
     pipe.on_assigned([(STEPS, 0)])
     pipe.on_records([Record(STEPS, 0, 0, b"j", b"bad")])
     sink.fail = True
     assert not pipe.flush()
     r = pipe.readiness()
-    assert not r.ready and "connection refused" in r.reason
+    assert not r.ready and r.reason.startswith("storage:") and "set to fail" in r.reason
     assert len(sink.buffered) == 1 and sink.stored == []
     sink.fail = False
     assert pipe.flush()
@@ -205,7 +173,7 @@ def test_a_new_owner_rebuilt_from_history_continues_the_same_incidents(
     history = [r for t, recs in per_topic.items() for r in recs[:cut[t]]]
     live = {t: recs[cut[t]:] for t, recs in per_topic.items()}
 
-    sink, clock = FakeSink(), Clock()
+    sink, clock = MemoryStore(), FakeClock()
     pipe = make_pipeline(sink, clock)
     assert assigned_with_highwaters(pipe, per_topic) == {0}
     assert pipe.rebuild(history) == len(history)
@@ -220,7 +188,7 @@ def test_after_a_rebalance_redelivered_records_are_skipped_and_held_ones_process
         recording: list[tuple[str, str, bytes]]) -> None:
     offline = diagnose_messages((t, raw) for t, _k, raw in recording)
     per_topic = as_records(recording)
-    sink, clock = FakeSink(), Clock()
+    sink, clock = MemoryStore(), FakeClock()
     pipe = make_pipeline(sink, clock)
     assigned_with_highwaters(pipe, per_topic)
     batches = interleaved(per_topic, {JOBS: 10, HEARTBEATS: 400, STEPS: 250})

@@ -14,14 +14,18 @@ import orjson
 import pytest
 
 from detectors.diagnoser import JobDiagnoser
+from schemas import InvalidMessage
+from schemas.clock import NS_PER_S
 from schemas.rankstep import RankStep
 from schemas.report import DiagnoserOutput
+from schemas.steps_decoder import StepsDecoder
+from schemas.testing import FakeClock
 from schemas.topics import HEARTBEATS, INCIDENTS, JOBS, STEPS
 from schemas.wire import HeartbeatV1, JobV1
-from streams.routing import JobRouter
+from streams.routing import JobRouter, decode_input
 
 T0 = 1_790_000_000_000_000_000
-S = 1_000_000_000
+S = NS_PER_S
 
 
 def step_msg(job: str = "j1", rank: int = 0, step: int = 0, t_end: int = T0 + S) -> bytes:
@@ -45,12 +49,8 @@ def job_msg(job: str = "j1", event: str = "start", ts: int = T0) -> bytes:
     return orjson.dumps(body)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.ns = 5 * S
-
-    def __call__(self) -> int:
-        return self.ns
+def clock() -> FakeClock:
+    return FakeClock(start_ns=5 * S)
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def router(made: dict[str, Any]) -> JobRouter:
         made[job] = fake
         return fake
 
-    return JobRouter(make, max_message_bytes=10_000, now_ns=Clock(), idle_evict_s=60.0)
+    return JobRouter(make, max_message_bytes=10_000, now_ns=clock(), idle_evict_s=60.0)
 
 
 def test_each_job_gets_its_own_diagnoser_and_the_right_method(router: JobRouter,
@@ -143,12 +143,12 @@ def test_a_failing_diagnoser_dead_letters_the_message_and_keeps_going(
 
 def test_tick_moves_each_quiet_job_by_worker_time_since_its_last_message(
         made: dict[str, Any]) -> None:
-    clock = Clock()
+    now = clock()
     r = JobRouter(lambda job: made.setdefault(job, _fake()), max_message_bytes=10_000,
-                  now_ns=clock, idle_evict_s=60.0)
+                  now_ns=now, idle_evict_s=60.0)
     r.handle(STEPS, 0, 0, b"j1", step_msg(t_end=T0 + 7 * S))
     r.handle(STEPS, 1, 0, b"j2", step_msg("j2", t_end=T0 + 100 * S))
-    clock.ns += 3 * S
+    now.advance_ns(3 * S)
     r.tick([0])  # partition 1 is not caught up: its job must not see time pass
     made["j1"].tick.assert_called_once_with(T0 + 10 * S)
     made["j2"].tick.assert_not_called()
@@ -158,16 +158,16 @@ def test_tick_moves_each_quiet_job_by_worker_time_since_its_last_message(
 
 def test_an_ended_job_stops_ticking_and_idle_jobs_are_flushed_and_dropped(
         made: dict[str, Any]) -> None:
-    clock = Clock()
+    now = clock()
     r = JobRouter(lambda job: made.setdefault(job, _fake()), max_message_bytes=10_000,
-                  now_ns=clock, idle_evict_s=60.0)
+                  now_ns=now, idle_evict_s=60.0)
     r.handle(STEPS, 0, 0, b"j1", step_msg())
     r.handle(JOBS, 0, 0, b"j1", job_msg(event="end", ts=T0 + 2 * S))
     r.handle(HEARTBEATS, 0, 1, b"j1", hb_msg(ts=T0 + S))  # late: it does not reopen the job
-    clock.ns += 10 * S
+    now.advance_ns(10 * S)
     r.tick([0])
     made["j1"].tick.assert_not_called()
-    clock.ns += 61 * S
+    now.advance_ns(61 * S)
     r.tick([0])
     made["j1"].flush.assert_called_once()
     assert r.jobs() == []
@@ -185,3 +185,11 @@ def _fake() -> Any:
     for name in ("on_steps", "on_heartbeat", "on_job", "tick", "flush"):
         getattr(fake, name).return_value = DiagnoserOutput()
     return fake
+
+
+def test_heartbeats_and_job_events_get_the_steps_decoders_size_limit() -> None:
+    small = StepsDecoder(max_bytes=50)
+    for topic, raw in ((HEARTBEATS, hb_msg()), (JOBS, job_msg())):
+        with pytest.raises(InvalidMessage, match="exceeds the 50-byte limit"):
+            decode_input(topic, raw, small)
+    assert isinstance(decode_input(HEARTBEATS, hb_msg(), StepsDecoder()), HeartbeatV1)

@@ -1,0 +1,52 @@
+"""The worker's faust app: built from plain values and the one Kafka connection."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from faust.auth import SASLCredentials
+from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+from faust.types.auth import AuthProtocol
+
+from schemas.kafka import KafkaConnection
+from streams.kafka.follow import follower_config
+from streams.kafka.history import history_config
+
+SECRET = "s3cret-not-for-logs"
+
+
+def test_a_sasl_ssl_connection_reaches_faust_and_the_confluent_clients_and_nothing_else(
+        worker_app: Callable[..., Any]) -> None:
+    conn = KafkaConnection(bootstrap="k1:9093,k2:9093", security_protocol="SASL_SSL",
+                           sasl_mechanism="SCRAM-SHA-512", sasl_username="flare",
+                           sasl_password=SECRET)
+    app = worker_app(conn, group_id="g-secure")
+
+    assert [str(u) for u in app.conf.broker] == ["kafka://k1:9093", "kafka://k2:9093"]
+    creds = app.conf.broker_credentials
+    assert isinstance(creds, SASLCredentials) and creds.protocol == AuthProtocol.SASL_SSL
+    assert isinstance(creds.ssl_context, ssl.SSLContext)
+    aiokafka = credentials_to_aiokafka_auth(creds)  # what faust's consumer and producer get
+    assert (aiokafka["security_protocol"], aiokafka["sasl_mechanism"]) == ("SASL_SSL",
+                                                                          "SCRAM-SHA-512")
+    assert (aiokafka["sasl_plain_username"], aiokafka["sasl_plain_password"]) == ("flare",
+                                                                                  SECRET)
+
+    for config in (follower_config(conn), history_config(conn, "g-secure")):
+        assert config["security.protocol"] == "SASL_SSL"
+        assert config["sasl.mechanism"] == "SCRAM-SHA-512"
+        assert (config["sasl.username"], config["sasl.password"]) == ("flare", SECRET)
+        assert config["bootstrap.servers"] == "k1:9093,k2:9093"
+
+    for shown in (repr(conn), str(conn), repr(creds), repr(conn.model_dump())):
+        assert SECRET not in shown
+
+
+def test_the_group_and_the_layout_come_from_the_worker_config(
+        worker_app: Callable[..., Any]) -> None:
+    app = worker_app(group_id="g-7", partitions=6, session_timeout_s=9.0)
+    assert app.conf.id == "g-7" and app.conf.topic_partitions == 6
+    assert app.conf.broker_session_timeout == 9.0 and app.conf.broker_heartbeat_interval == 1.5
+    assert app.conf.broker_credentials is None
