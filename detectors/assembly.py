@@ -1,7 +1,10 @@
 """Step assembly: gather one job's rank-step messages into whole-step frames.
 
 A step is complete when every known rank reported, or when its grace period (stream time)
-expired: a missing rank is evidence (slow or hung), never a reason to wait forever. Steps
+expired: a missing rank is evidence (slow or hung), never a reason to wait forever. The grace
+is measured in the job's own units: a fraction of its recent step time (or, before the first
+step, of the step the received ranks took), never less than a floor, so a 60 s step waits for
+a rank 6 s behind the first while a 0.5 s step does not hold the stream for seconds. Steps
 leave in order. Names and groups are interned in job-level tables, so codes are stable across
 steps and a rank whose op names repeat step after step is interned once.
 
@@ -39,6 +42,7 @@ from schemas.rankstep import COORD_DIMS, RankStep
 class _Pending:
     first_seen_ns: int
     msgs: dict[int, RankStep] = field(default_factory=dict)
+    span_ns: int = 0  # longest step window among the ranks received
 
 
 class Interner:
@@ -71,9 +75,13 @@ class StepAssembler(Stateful):
     `max_pending` bounds memory when a rank stops for good: the oldest step leaves once that
     many are waiting, even before its grace period is over."""
 
-    def __init__(self, job: str, grace_s: float = 5.0, max_pending: int = 8) -> None:
+    def __init__(
+        self, job: str, grace_s: float = 5.0, max_pending: int = 8, grace_steps: float = 0.5
+    ) -> None:
         self.job = job
-        self.grace_ns = int(grace_s * NS_PER_S)
+        self.grace_ns = int(grace_s * NS_PER_S)  # floor
+        self.grace_steps = grace_steps  # the grace in step times
+        self.step_ns = 0  # the job's recent step time (`set_step_time`)
         self.max_pending = max_pending
         self.world_size: int | None = None
         self.known: set[int] = set()
@@ -95,7 +103,16 @@ class StepAssembler(Stateful):
         if p is None:
             p = self.pending[msg.step] = _Pending(now_ns)
         p.msgs[msg.rank] = msg
+        p.span_ns = max(p.span_ns, msg.t_end_ns - msg.t_start_ns)
         return self.advance(now_ns)
+
+    def set_step_time(self, seconds: float) -> None:
+        """The job's recent step time, which the grace period scales with."""
+        if seconds > 0 and np.isfinite(seconds):
+            self.step_ns = int(seconds * NS_PER_S)
+
+    def _grace(self, p: _Pending) -> float:
+        return max(self.grace_ns, self.grace_steps * max(self.step_ns, p.span_ns))
 
     def advance(self, now_ns: int) -> list[StepFrame]:
         out = []
@@ -106,7 +123,7 @@ class StepAssembler(Stateful):
             complete = len(p.msgs) >= expected and (
                 self.world_size is not None or self.emitted_upto >= 0 or len(self.pending) > 1
             )
-            expired = now_ns - p.first_seen_ns > self.grace_ns
+            expired = now_ns - p.first_seen_ns > self._grace(p)
             if not (complete or expired or len(self.pending) > self.max_pending):
                 break
             del self.pending[s]

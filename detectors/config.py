@@ -17,9 +17,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
-    grace_s: float = 5.0  # wait this long for missing ranks of a step
+    grace_s: float = 5.0  # wait at least this long for missing ranks of a step
+    grace_steps: float = 0.5  # ... and at least this many of the job's recent step times
     window: int = 50  # normal steps in the δ baseline
     delta: float = 1.1  # δ: a step this many times the normal is irregular (Holmes)
-    hang_timeout_s: float = 10.0  # an op in flight longer than this is hung (floor)
+    hang_timeout_s: float = 10.0  # floor of the hang timeout ...
+    hang_timeout_steps: float = 3.0  # ... which is this many baseline step times
     resolve_after: int = 10  # steps with the culprit not even a suspect before resolving
     ops_sample_every: int = 100  # keep raw ops of every Nth step

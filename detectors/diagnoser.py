@@ -45,6 +45,7 @@ from detectors.irregularity import StepTimeBaseline
 from detectors.network_suspects import Topology, transfer_reference
 from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
+from detectors.reconcile import Placement, covering
 from detectors.rows import group_rows, rank_rows
 from detectors.suspects import step_suspects
 from schemas.frame import StepFrame
@@ -61,13 +62,14 @@ class JobDiagnoser(Stateful):
     def __init__(self, job: str, config: DetectorConfig | None = None) -> None:
         self.job = job
         self.config = s = config or DetectorConfig()
-        self.assembler = StepAssembler(job, grace_s=s.grace_s)
+        self.assembler = StepAssembler(job, grace_s=s.grace_s, grace_steps=s.grace_steps)
         self.baseline = StepTimeBaseline(window=s.window, delta=s.delta)
         self.tracker = EvidenceTracker()
         self.book = IncidentBook(job, resolve_after=s.resolve_after)
         self.hang = HangDetector(timeout_s=s.hang_timeout_s)
         self.topology = Topology()
         self.noise = NoiseMemory()
+        self.placement = Placement(switch_of_node=self.topology.switch_of)
         self.now_ns = 0  # stream time of every message (hang timeouts)
         self.steps_ns = 0  # stream time of step messages only (grace periods)
         self.steps_seen = 0
@@ -105,8 +107,14 @@ class JobDiagnoser(Stateful):
             if ev.world_size:
                 self.assembler.world_size = ev.world_size
                 self.world = ev.world_size
+            if ev.layout is not None:
+                lay = ev.layout
+                sizes = {"tp": lay.tp or 0, "dp": lay.dp or 0, "ep": lay.ep or 0}
+                self.hang.learn_layout(sizes)
+                self.topology.group_size = {k: v for k, v in sizes.items() if v > 1}
             if ev.nodes:
                 self.topology.switch_of = {n.node: n.switch for n in ev.nodes if n.switch}
+                self.placement.switch_of_node = self.topology.switch_of
             self.now_ns = max(self.now_ns, ev.ts_ns)
             return DiagnoserOutput()
         out = self.flush()
@@ -124,7 +132,8 @@ class JobDiagnoser(Stateful):
 
     def _check_hang(self) -> DiagnoserOutput:
         out = DiagnoserOutput()
-        timeout = max(self.config.hang_timeout_s, 3 * self._baseline_s())
+        timeout = max(self.config.hang_timeout_s,
+                      self.config.hang_timeout_steps * self._baseline_s())
         finding = self.hang.check(self.now_ns, timeout)
         if finding is not None and self._hang_incident() is None:
             inc = self.book.open_incident(
@@ -159,11 +168,16 @@ class JobDiagnoser(Stateful):
         self.steps_seen += 1
         self.world = max(self.world, frame.n_ranks + int(frame.missing.size))
         # where an idle stopped rank is: a step is assembled long before a hang timeout
-        self.hang.steps_done(frame.rank, frame.step)
+        self.hang.steps_done(frame.rank, frame.step, frame.t_end_ns)
         feats = step_features(frame)
         if self.steps_seen <= 3 or self.steps_seen % _MEMBERSHIP_EVERY == 0:
             self._learn_membership(frame, feats)
+            names = frame.nodes
+            self.placement.node_of_rank.update(
+                zip(frame.rank.tolist(), [names[i] for i in frame.node.tolist()], strict=True)
+            )
         step_time = float(np.median(feats.span_s))
+        self.assembler.set_step_time(step_time)
         irr = self.baseline.update(step_time)
         stages = stage_keys(frame)
         ratio = compute_ratio(frame, feats, stages)
@@ -179,7 +193,19 @@ class JobDiagnoser(Stateful):
             key = (tr.kind, tr.entity)
             inc = self.book.get(*key)
             if inc is None:
+                device = (k for k in self.book.open if k[0] != "hang")
+                cover = covering(key, device, self.placement)
+                if cover is not None:  # the same fault seen from another entity
+                    if cover not in touched:
+                        touched.add(cover)
+                        inc = self.book.open[cover]
+                        slow = self._slowdown(cover, step_time, tr.excess_s)
+                        inc.add_evidence(frame.step, slow, step_time, self.world)
+                        out.incidents.append(inc.to_v1(self.job))
+                    continue
                 inc = self._open(tr, frame, feats, ratio, ts, baseline)
+            elif key in touched:
+                continue
             touched.add(key)
             slow = self._slowdown(key, step_time, tr.excess_s)
             inc.add_evidence(frame.step, slow, step_time, self.world)
@@ -195,7 +221,7 @@ class JobDiagnoser(Stateful):
         for inc in self.book.quiet_step(touched, frame.step):
             self._onset_baseline.pop((inc.kind, inc.culprit), None)
             out.incidents.append(inc.to_v1(self.job))
-        if irr.level_shift:
+        if irr.level_shift and irr.shift_ratio > 1.0:  # a job that got faster is no problem
             out.incidents.extend(self._job_shift(frame, ts, irr.shift_ratio, step_time))
         sample = self.config.ops_sample_every
         keep_ops = irr.irregular not in ("normal", "warmup") or (

@@ -75,6 +75,8 @@ def summarize(
     """The incident's summary line at the step that opened it."""
     cost = f"+{excess_s:.2f} s per step"
     _, _, name = entity.partition(":")
+    if kind == "gpu" and entity.startswith("node:"):
+        return f"a GPU of node {name} that is not traced: {detail}: {cost}"
     if kind == "gpu":
         rank = int(name)
         idx = int(np.searchsorted(frame.rank, rank))

@@ -5,6 +5,14 @@ never arrives. The members NOT in flight on the stuck (group, seq) are the cause
 turn sit in another stuck op, follow them (the waits-for graph) to the root. If every member
 is in flight on the same instance, nobody is missing: the communication itself hangs.
 
+A long wait alone is not a hang (DESIGN §4.7): a pipeline warm-up `recv`, a rank waiting on a
+slow-but-alive straggler and a long checkpoint all wait past any fixed timeout on long steps.
+A hang is a wait on ranks that make **no progress**: every rank the stuck ops wait for has
+shown the same state (step and ops in flight) and finished no step for the whole timeout. A
+straggler keeps finishing steps and its group peers keep entering new collectives, so the
+waits on it are not hangs; it is left to the compute detectors (one gpu incident, not a
+series of hangs).
+
 Ranks 0 and 1 sit in an all-reduce of `tp.0` since second 1; rank 2, its third member, beats
 but never joins:
 
@@ -56,18 +64,29 @@ class HangDetector(Stateful):
         self.last: dict[int, HeartbeatV1] = {}
         self.members: dict[str, set[int]] = {}
         self.done = np.full(0, -1, dtype=np.int64)  # per rank: newest step it finished
+        self.moved = np.full(0, -1, dtype=np.int64)  # per rank: stream ns of its last progress
+        self.group_size: dict[str, int] = {}  # members per group kind, from the job's layout
         self._last_check_ns = 0
 
-    def steps_done(self, ranks: np.ndarray, step: int) -> None:
-        """`ranks` finished `step`. A rank that stops idle is re-published only at its
-        keepalive, so its newest heartbeat can name an earlier step than the one it is in;
-        its finished steps say where it stopped as soon as they are read."""
+    def _grow(self, top: int) -> None:
+        if top > self.done.size:
+            pad = np.full(top - self.done.size, -1, np.int64)
+            self.done = np.concatenate([self.done, pad])
+            self.moved = np.concatenate([self.moved, pad])
+
+    def _moved_ns(self, rank: int) -> int:
+        return int(self.moved[rank]) if rank < self.moved.size else -1
+
+    def steps_done(self, ranks: np.ndarray, step: int, ends_ns: np.ndarray) -> None:
+        """`ranks` finished `step` at `ends_ns` (their node clocks). A rank that stops idle
+        is re-published only at its keepalive, so its newest heartbeat can name an earlier
+        step than the one it is in; its finished steps say where it stopped as soon as they
+        are read. A finished step is also progress: a straggler is alive."""
         if ranks.size == 0:
             return
-        top = int(ranks.max()) + 1
-        if top > self.done.size:
-            self.done = np.concatenate([self.done, np.full(top - self.done.size, -1, np.int64)])
+        self._grow(int(ranks.max()) + 1)
         self.done[ranks] = np.maximum(self.done[ranks], step)  # a step's ranks are unique
+        self.moved[ranks] = np.maximum(self.moved[ranks], ends_ns)
 
     def _current_step(self, rank: int, fallback: int) -> int:
         hb = self.last.get(rank)
@@ -79,8 +98,45 @@ class HangDetector(Stateful):
         prev = self.last.get(hb.rank)
         if prev is None or hb.ts_ns >= prev.ts_ns:
             self.last[hb.rank] = hb
+            state = _state(hb)
+            old = _state(prev) if prev is not None else None
+            if state != old:
+                # a new step or another op in flight: the rank progressed (a keepalive that
+                # repeats the same state says only that its agent is alive). It moved when
+                # it entered its newest op, which the agent publishes only once the op is
+                # long: dating the move by the op's start keeps hang latency off that lag.
+                new = [op.start_ns for op in hb.inflight if old is None
+                       or (op.group, op.seq) not in old[1]]
+                at = max(new) if new and state[0] == (old[0] if old else state[0]) else hb.ts_ns
+                self._grow(hb.rank + 1)
+                self.moved[hb.rank] = max(int(self.moved[hb.rank]), at)
         for op in hb.inflight:
             self.members.setdefault(op.group, set()).add(hb.rank)
+
+    def _progressing(self, rank: int, now_ns: int, limit: float) -> bool:
+        """Did `rank`, or a peer in any of its groups, progress within `limit`?
+
+        A straggler's own state may not change for a long time (it computes), but the peers
+        it shares a group with keep entering new collectives with it; a stopped rank's peers
+        are stuck in the op it never joined. Only the culprit's neighbourhood is asked, so a
+        rank elsewhere that finishes its step just before it blocks does not delay the page.
+        """
+        near = {rank}
+        for members in self.members.values():
+            if rank in members:
+                near |= members
+        return any(now_ns - self._moved_ns(r) <= limit for r in near)
+
+    def learn_layout(self, sizes: dict[str, int]) -> None:
+        """Members per group kind (`tp` → 8, …) from the job's layout: with partial tracing
+        a group's traced members are fewer, and the rest are untraced, not absent."""
+        self.group_size = {k: v for k, v in sizes.items() if v and v > 0}
+
+    def _untraced(self, group: str) -> int:
+        """How many members of `group` the layout has that never reported."""
+        kind = group.partition(".")[0]
+        size = 2 if kind == "pp" else self.group_size.get(kind, 0)
+        return max(size - len(self.members.get(group, ())), 0)
 
     def learn_members(self, group: str, ranks: set[int]) -> None:
         self.members.setdefault(group, set()).update(ranks)
@@ -119,6 +175,8 @@ class HangDetector(Stateful):
         if roots:
             ranked = sorted(roots.items(), key=lambda kv: (-kv[1], kv[0]))
             culprit_rank, waiting = ranked[0]
+            if self._progressing(culprit_rank, now_ns, limit):
+                return None  # the waits are on a rank that is slow, not stopped
             total = sum(roots.values())
             last_hb = self.last.get(culprit_rank)
             where = f" ({last_hb.node})" if last_hb else ""
@@ -141,19 +199,56 @@ class HangDetector(Stateful):
         full = [k for k in stuck if not (self.members.get(k[0], set()) - stuck[k])]
         key = min(full or [oldest], key=lambda k: info[k][1])
         name, start, step = info[key]
-        if not full and now_ns - start < 2 * limit:
-            # Nobody is missing and idle, and no group has every member inside: the op that
-            # truly hangs has not crossed the timeout yet (a pipeline recv that started just
-            # before a collective hung crosses it first, waiting on a peer that is itself
-            # stuck). Wait for the full group; blame a partial one only if none appears.
-            return None
+        stuck_s = (now_ns - start) / NS_PER_S
+        if full and self._untraced(key[0]):
+            return self._untraced_finding(key, stuck[key], name, step, stuck_s)
+        if not full:
+            if now_ns - start < 2 * limit:
+                # Nobody is missing and idle, and no group has every member inside: the op
+                # that truly hangs has not crossed the timeout yet (a pipeline recv that
+                # started just before a collective hung crosses it first, waiting on a peer
+                # that is itself stuck). Wait for the full group; blame a partial one only
+                # if none appears.
+                return None
+            absent = self.members.get(key[0], set()) - stuck[key]
+            if any(self._progressing(r, now_ns, limit) for r in absent):
+                return None  # its absent members are busy elsewhere and still progress
         return HangFinding(
             culprit=f"group:{key[0]}",
             onset_step=step,
             suspects=[(f"group:{key[0]}", 1.0)],
             summary=(
                 f"communication hang: all {len(stuck[key])} members of {key[0]} are inside "
-                f"{name} seq {key[1]} for {(now_ns - start) / NS_PER_S:.0f} s"
+                f"{name} seq {key[1]} for {stuck_s:.0f} s"
             ),
-            stuck_s=(now_ns - start) / NS_PER_S,
+            stuck_s=stuck_s,
         )
+
+    def _untraced_finding(
+        self, key: tuple[str, int], inside: set[int], name: str, step: int, stuck_s: float
+    ) -> HangFinding:
+        """Every traced member of the group waits; the one it waits for is not traced.
+
+        The narrowest entity the data supports: the node of the traced members when they
+        share one (TP groups live inside a node), else the group itself.
+        """
+        group = key[0]
+        nodes = {self.last[r].node for r in inside if r in self.last}
+        culprit = f"node:{nodes.pop()}" if len(nodes) == 1 else f"group:{group}"
+        traced = ", ".join(str(r) for r in sorted(inside)[:4])
+        return HangFinding(
+            culprit=culprit,
+            onset_step=step,
+            suspects=[(culprit, 0.8), (f"group:{group}", 0.2)],
+            summary=(
+                f"hang in {group}: its traced member(s) {traced} sit in {name} seq {key[1]} "
+                f"for {stuck_s:.0f} s, waiting on {self._untraced(group)} member(s) that are "
+                f"not traced{' on ' + culprit[5:] if culprit.startswith('node:') else ''}"
+            ),
+            stuck_s=stuck_s,
+        )
+
+
+def _state(hb: HeartbeatV1) -> tuple[int, frozenset[tuple[str, int]]]:
+    """What a rank is doing: the step it executes and the ops it has in flight."""
+    return hb.step, frozenset((op.group, op.seq) for op in hb.inflight)

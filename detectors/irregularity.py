@@ -40,6 +40,11 @@ MIN_SHIFT = 0.10  # Greyhound keeps change points whose mean moved ≥10%
 Z_CLIP = 10.0  # one step moves the Page-Hinkley sum by at most this many σ
 PH_THRESHOLD = 30.0  # ≈3 steps of a 10σ shift
 PH_DELTA = 0.5  # tolerated drift per step, in σ
+LEVEL_STEPS = 5  # the new level is the median of this many latest steps: a periodic eval or
+# checkpoint step among them (one in five or rarer) does not move it
+REBASE_AFTER = 5  # steps with the level ≥ MIN_SHIFT off the baseline that re-baseline even if
+# Page-Hinkley stays quiet (it restarts after each alarm, and interleaved short eval steps can
+# keep an alarm from meeting a confirmation): the baseline is never stuck past ~10 steps
 SIGMA_FLOOR = 0.01  # 1% step-to-step jitter at least
 
 # The classes a step can get (`StepReport.irregular`): the first steps only fill the window.
@@ -67,6 +72,7 @@ class StepTimeBaseline(Stateful):
         self._recent: deque[float] = deque(maxlen=max(window // 5, 8))
         self._flags: deque[bool] = deque(maxlen=5)
         self._run = 0
+        self._off = 0  # consecutive steps whose level is ≥ MIN_SHIFT off the baseline
         self._ph = self._new_ph()
         self._median: float | None = None  # of `_normal`; read on every heartbeat (hang timeout)
 
@@ -95,16 +101,23 @@ class StepTimeBaseline(Stateful):
         if len(self._normal) >= WARMUP:
             z = (np.log(t) - np.log(self.baseline_s)) / self._sigma()
             self._ph.update(float(np.clip(z, -Z_CLIP, Z_CLIP)))
-        if self._ph.drift_detected and len(self._normal) >= WARMUP:
-            new_level = float(np.median(list(self._recent)[-PERSISTENT_RUN:]))
+            latest = list(self._recent)[-LEVEL_STEPS:]
+            new_level = float(np.median(latest))
             ratio = new_level / self.baseline_s
-            if abs(ratio - 1.0) >= MIN_SHIFT and self._run >= PERSISTENT_RUN - 1:
+            moved = len(latest) == LEVEL_STEPS and abs(ratio - 1.0) >= MIN_SHIFT
+            self._off = self._off + 1 if moved else 0
+            if moved and (self._ph.drift_detected or self._off >= REBASE_AFTER):
+                # the level moved and stays moved: re-baseline on the steps at the new level
                 shift = True
                 self._ph = self._new_ph()
+                new = [x for x in latest if abs(x / new_level - 1.0) < MIN_SHIFT] or latest
                 self._normal.clear()
-                self._normal.extend(list(self._recent)[-PERSISTENT_RUN:])
+                self._normal.extend(new)
                 self._median = None
                 self._run = 0
+                self._off = 0
+            elif not shift:
+                ratio = 1.0
         if len(self._normal) < WARMUP:
             self._normal.append(t)
             self._median = None

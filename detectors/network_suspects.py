@@ -54,6 +54,7 @@ class Topology:
     """What the job's start event told us: each node's switch (may be empty)."""
 
     switch_of: dict[str, str] = field(default_factory=dict)
+    group_size: dict[str, int] = field(default_factory=dict)  # members per group kind (layout)
 
 
 def transfer_reference(inst: Instances) -> np.ndarray:

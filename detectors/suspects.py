@@ -6,7 +6,9 @@ checkpoints, level shifts) cancel; none of them decides alone whether an inciden
 
 - `compute_suspects`: a rank (`gpu`) or a whole `node` computing slower than its peers;
 - `host_suspects`: a node's ranks idle between ops longer than their peers (`host`);
-- `network_suspects`: a NIC or pipeline `link`, or a `switch`, behind slow transfers.
+- `network_suspects`: a NIC or pipeline `link`, or a `switch`, behind slow transfers;
+- `untraced_suspects`: with partial tracing, the node of a traced rank that waits on a group
+  member that is not traced.
 
 Four ranks on two nodes compute, then all-reduce; rank 2 computes 40 ms instead of 10 ms and
 the others wait for it:
@@ -41,6 +43,7 @@ from detectors.features import StepFeatures
 from detectors.host_suspects import host_suspects
 from detectors.network_suspects import Topology, network_suspects
 from detectors.noise import NoiseMemory
+from detectors.untraced_suspects import untraced_suspects
 from schemas.frame import StepFrame
 
 
@@ -64,4 +67,5 @@ def step_suspects(
     compute_suspects(frame, feats, ratio, noise, out)
     host_suspects(frame, feats, stages, noise, out)
     network_suspects(frame, feats, topo, ref, out)
+    untraced_suspects(frame, feats, topo.group_size, stages, noise, out)
     return out

@@ -18,10 +18,14 @@ class DetectorSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FLARE_DETECT_", extra="ignore")
 
-    grace_s: float = Field(5.0, description="wait this long for missing ranks of a step")
+    grace_s: float = Field(5.0, description="wait at least this long for missing ranks")
+    grace_steps: float = Field(
+        0.5, description="... and at least this many of the job's recent step times")
     window: int = Field(50, description="normal steps in the δ baseline")
     delta: float = Field(1.1, description="δ: a step this many times the normal is irregular")
-    hang_timeout_s: float = Field(10.0, description="an op in flight longer than this is hung")
+    hang_timeout_s: float = Field(10.0, description="floor of the hang timeout ...")
+    hang_timeout_steps: float = Field(
+        3.0, description="... which is this many baseline step times")
     resolve_after: int = Field(
         10, description="steps with the culprit not even a suspect before an incident resolves"
     )
@@ -30,8 +34,9 @@ class DetectorSettings(BaseSettings):
     def config(self) -> DetectorConfig:
         """The frozen value the detectors are built with."""
         return DetectorConfig(
-            grace_s=self.grace_s, window=self.window, delta=self.delta,
-            hang_timeout_s=self.hang_timeout_s, resolve_after=self.resolve_after,
+            grace_s=self.grace_s, grace_steps=self.grace_steps, window=self.window,
+            delta=self.delta, hang_timeout_s=self.hang_timeout_s,
+            hang_timeout_steps=self.hang_timeout_steps, resolve_after=self.resolve_after,
             ops_sample_every=self.ops_sample_every,
         )
 
@@ -64,7 +69,7 @@ class Settings(BaseSettings):
     )
     kafka_fetch_max_wait_ms: int = Field(
         20, ge=0, description="longest a worker's fetch waits on quiet partitions (faust's "
-        "own is 1,500 ms, which idles a busy worker: see streams/faust_consumer.py)"
+        "own is 1,500 ms, which idles a busy worker: see streams/kafka/faust_consumer.py)"
     )
     decoder_cache_ranks: int = Field(
         16_384, ge=0, description="ranks whose repeating op columns the worker's steps decoder "

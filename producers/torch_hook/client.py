@@ -113,11 +113,14 @@ class AgentClient:
 
     def _drain(self) -> None:
         while self._queue:
-            cut = self._queue.popleft()
             try:
                 meta = self._meta()
-                if meta is None:
-                    raise RuntimeError("rank identity unknown (torch.distributed not initialised)")
+            except Exception:
+                meta = None
+            if meta is None:
+                return  # identity unknown yet (no process group): keep the steps queued
+            cut = self._queue.popleft()
+            try:
                 payload = encode(steps_message(meta, cut, self.clock()))
             except Exception:
                 self.stats.build_errors += 1
@@ -151,10 +154,13 @@ class AgentClient:
         now = time.monotonic()
         if now < self._next_connect:
             return None
-        self._next_connect = now + self.retry_s
         hello = self._hello()
         if hello is None:
+            # No identity yet: nothing was tried, so no retry pause either. Pausing here made
+            # the first step of every rank wait out the pause taken by the in-flight table
+            # sent before the process group existed, and that step was dropped.
             return None
+        self._next_connect = now + self.retry_s
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.send_timeout_s)
         try:

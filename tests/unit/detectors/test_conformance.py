@@ -208,7 +208,7 @@ def _hang_inputs() -> list[tuple[Any, ...]]:
     ]
     for t in range(40):
         if t < 10:
-            out.append(("done", np.arange(5), t))
+            out.append(("done", np.arange(5), t, np.full(5, t * NS_PER_S)))
         for rank in range(5):
             stuck = t >= 10 and rank != 2
             group, seq = ("dp.0", 9) if rank == 4 else ("tp.0", 40)
@@ -231,7 +231,7 @@ def _feed_hang(d: HangDetector, x: tuple[Any, ...]) -> Any:
     if x[0] == "members":
         return d.learn_members(x[1], x[2])
     if x[0] == "done":
-        return d.steps_done(x[1], x[2])
+        return d.steps_done(x[1], x[2], x[3])
     if x[0] == "beat":
         return d.observe(x[1])
     return d.check(x[1])

@@ -92,11 +92,79 @@ def test_an_idle_stopped_rank_is_placed_in_the_step_after_its_last_finished_one(
     d = HangDetector(timeout_s=10)
     d.learn_members("tp.0", {0, 1})
     d.observe(hb(1, 0, step=7))
-    d.steps_done(np.array([0, 1]), 7)
+    d.steps_done(np.array([0, 1]), 7, np.array([0, 0]))
     for t in range(1, 15):
         d.observe(hb(0, t, [("tp.0", "all_reduce", 80, 1.0)], step=8))
     f = d.check(int(14 * S))
     assert f is not None and f.culprit == "rank:1"
     assert f.onset_step == 8 and "stopped in step 8" in f.summary, f.summary
-    d.steps_done(np.array([3]), 2)  # a rank never seen before grows the table
+    d.steps_done(np.array([3]), 2, np.array([0]))  # a rank never seen before grows the table
     assert d.done.tolist() == [7, 7, -1, 2]
+
+
+def _straggler_job(d: HangDetector, seconds: int) -> None:
+    """Rank 2 computes 20× slower but lives: ranks 0, 1 and 3 (its tp.0 peers) enter a new
+    all_reduce with it every 2 s; rank 4 waits for rank 0's replica in one dp.0 all_reduce."""
+    d.learn_members("tp.0", {0, 1, 2, 3})
+    d.learn_members("dp.0", {0, 4})
+    for t in range(seconds):
+        seq = 100 + t // 2
+        for r in (0, 1, 3):
+            d.observe(hb(r, t, [("tp.0", "all_reduce", seq, float(t - t % 2))]))
+        d.observe(hb(2, t))  # computing: its own state never changes
+        d.observe(hb(4, t, [("dp.0", "all_reduce", 9, 0.0)]))
+
+
+def test_waits_on_a_slow_but_alive_straggler_are_not_a_hang():
+    d = HangDetector(timeout_s=10)
+    _straggler_job(d, 60)
+    assert d.check(int(59 * S)) is None  # rank 4 waits 59 s, but rank 2's peers progress
+
+
+def test_when_the_straggler_stops_its_peers_stop_too_and_the_hang_is_named():
+    d = HangDetector(timeout_s=10)
+    _straggler_job(d, 30)
+    for t in range(30, 60):  # rank 2 stopped at 30 s: its peers sit in the same all_reduce
+        for r in (0, 1, 3):
+            d.observe(hb(r, t, [("tp.0", "all_reduce", 115, 30.0)]))
+        d.observe(hb(2, t))
+        d.observe(hb(4, t, [("dp.0", "all_reduce", 9, 0.0)]))
+    assert d.check(int(38 * S)) is None  # the peers moved 8 s ago: within the timeout
+    f = d.check(int(45 * S))
+    assert f is not None and f.culprit == "rank:2"
+
+
+def test_a_finished_step_is_progress():
+    d = HangDetector(timeout_s=10)
+    d.learn_members("pp.0", {0, 1})
+    for t in range(40):  # rank 0 waits in a recv; rank 1 never shows an op but finishes steps
+        d.observe(hb(0, t, [("pp.0", "recv", 3, 0.0)]))
+        d.observe(hb(1, t))
+        if t % 8 == 7:
+            d.steps_done(np.array([1]), t // 8, np.array([t * S]))
+    assert d.check(int(39 * S)) is None
+
+
+def test_a_hang_on_an_untraced_member_names_the_traced_members_node_not_a_group_of_one():
+    # one rank per TP group traced (tp = 4 by the layout): rank 0 of tp.0 waits in its
+    # all_reduce; the member it waits for reports nothing at all
+    d = HangDetector(timeout_s=10)
+    d.learn_layout({"tp": 4, "dp": 2})
+    d.learn_members("tp.0", {0})
+    for t in range(30):
+        d.observe(hb(0, t, [("tp.0", "all_reduce", 40, 1.0)]))
+    f = d.check(int(29 * S))
+    assert f is not None
+    assert f.culprit == "node:n0", f.culprit
+    assert "not traced" in f.summary and "all 1 members" not in f.summary
+
+
+def test_a_fully_traced_group_inside_one_op_is_still_a_communication_hang():
+    d = HangDetector(timeout_s=10)
+    d.learn_layout({"tp": 2})
+    d.learn_members("tp.0", {0, 1})
+    for t in range(30):
+        for r in (0, 1):
+            d.observe(hb(r, t, [("tp.0", "all_reduce", 40, 1.0)]))
+    f = d.check(int(29 * S))
+    assert f is not None and f.culprit == "group:tp.0"

@@ -1,0 +1,75 @@
+"""One fault, one incident: which open incident already explains a newly confirmed candidate.
+
+A slow GPU also makes its node look slow, its node's links look slow and, if it stops making
+progress, its peers hang; a starved host looks like slow GPUs on that node. Every one of those
+candidates is the same evidence seen from another entity. Paging once per entity would page an
+SRE four times for one fault (issue #11), so a candidate whose entity is inside, or contains,
+the entity of an open incident is evidence of that incident instead of a new one. Separate
+incidents remain for separate places: another node, another switch.
+
+>>> where = Placement(node_of_rank={3: "n0", 9: "n1"}, switch_of_node={"n0": "s0", "n1": "s0"})
+>>> open_ = [("host", "node:n0")]
+>>> covering(("gpu", "rank:3"), open_, where)    # a GPU on the starved host: same fault
+('host', 'node:n0')
+>>> covering(("gpu", "rank:9"), open_, where) is None  # another node: another fault
+True
+>>> covering(("link", "node:n1"), [("switch", "switch:s0")], where)  # under the bad switch
+('switch', 'switch:s0')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+Key = tuple[str, str]  # (kind, entity), the incident book's key
+
+
+@dataclass(slots=True)
+class Placement:
+    """Where ranks and nodes sit, as far as the job's data has shown it."""
+
+    node_of_rank: dict[int, str] = field(default_factory=dict)
+    switch_of_node: dict[str, str] = field(default_factory=dict)
+
+    def places(self, entity: str) -> set[str]:
+        """The entity itself and every entity that contains it (rank → node → switch)."""
+        out = {entity}
+        node: str | None = None
+        if entity.startswith("rank:"):
+            rank = entity[5:]
+            node = self.node_of_rank.get(int(rank)) if rank.isdigit() else None
+        elif entity.startswith("node:"):
+            node = entity[5:]
+        elif entity.startswith("link:"):
+            a, _, b = entity[5:].partition("~")
+            out |= {f"node:{a}", f"node:{b}"}
+            out |= {f"switch:{s}" for s in (self.switch_of_node.get(a),
+                                             self.switch_of_node.get(b)) if s}
+        if node is not None:
+            out.add(f"node:{node}")
+            switch = self.switch_of_node.get(node)
+            if switch:
+                out.add(f"switch:{switch}")
+        return out
+
+
+def covering(candidate: Key, open_keys: Iterable[Key], where: Placement) -> Key | None:
+    """The open incident that explains `candidate`, if any.
+
+    Two entities are the same fault when one contains the other (a rank and its node, a node
+    and its switch, a link and its nodes). `job` and group-level hangs cover nothing: a
+    job-wide shift is what remains when no device is to blame, and a communication hang names
+    no device.
+    """
+    _, entity = candidate
+    if entity == "job" or entity.startswith("group:"):
+        return None
+    mine = where.places(entity)
+    for key in open_keys:
+        other = key[1]
+        if other == "job" or other.startswith("group:"):
+            continue
+        if other in mine or entity in where.places(other):
+            return key
+    return None
