@@ -4,15 +4,26 @@ Every fault family × severity × layout (× seeds) plus clean runs with the noi
 not become incidents (GC, checkpoints, eval steps, level shifts, MoE imbalance, clock skew).
 Scenarios run the simulator's frames straight into `JobDiagnoser.on_frame` (the same code the
 worker runs after assembly; a test shows the two paths agree) in a process pool.
+
+Real-training conditions (`flare.eval_conditions`, `flare eval --conditions`) remake this
+matrix under one named condition at a time; results carry their condition.
+
+Scoring: the first device incident opened at or after the onset is the diagnosis; top-1 when
+it names the true culprit. When the culprit is a rank that is not traced, top-1 (and top-3)
+also accept its node: no data came from the rank, and its node is the narrowest entity the
+traced peers can point at. Everything else (kind, false incidents, repeats) is scored the
+same whatever is traced, with the rank and its node both counting as the culprit.
 """
 
 from __future__ import annotations
 
 import statistics
+import traceback
 import zlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from detectors.config import DetectorConfig
 from detectors.diagnoser import JobDiagnoser
@@ -29,6 +40,12 @@ from schemas.frame import StepFrame
 from schemas.wire import IncidentV1
 
 HANG_FAMILIES = ("hang_rank", "comm_hang")
+# The matrix of `flare eval` without --conditions, as it was before the real-training
+# families; with --conditions every family of FAMILIES runs.
+DEFAULT_FAMILIES: tuple[str, ...] = (
+    "slow_gpu", "thermal", "slow_node", "host", "nic", "switch", "pp_link", "hang_rank",
+    "comm_hang",
+)  # fmt: skip
 FAULT_STEPS_AFTER_ONSET = 30
 CLEAN_STEPS_TOTAL = 10_000
 
@@ -49,6 +66,11 @@ class ScenarioResult:
     latency_s: float | None = None
     false_device: int = 0  # device incidents not matching the truth (or any, in clean runs)
     repeats: int = 0  # incidents on the true culprit after the first: one fault, several pages
+    condition: str = ""  # the real-training condition of the run ("" without --conditions)
+    culprit_traced: bool | None = None  # None: every rank traced, or not a rank/node culprit
+    error: str | None = None  # the exception that ended the run early (scored up to there)
+    found_all: bool | None = None  # two faults: an incident named each culprit
+    two_faults: bool = False
     first: dict | None = None  # the scored incident
     incidents: list[dict] = field(default_factory=list)
 
@@ -57,11 +79,21 @@ def _seed(*parts: object) -> int:
     return zlib.crc32("|".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
 
-def fault_scenarios(gpus: Iterable[int], seeds: int) -> list[Scenario]:
+def fault_scenarios(
+    gpus: Iterable[int],
+    seeds: int,
+    families: Iterable[str] = DEFAULT_FAMILIES,
+    all_heartbeats: bool = False,
+) -> list[Scenario]:
+    """Every family × severity × layout × seed; heartbeats in hang runs (all_heartbeats: in
+    every run, which is how a false hang shows)."""
+    families = list(families)
     out = []
     for g in gpus:
         layout = layout_for_gpus(g)
         for family in FAMILIES:
+            if family not in families:
+                continue
             if not _can_happen(family, layout):
                 continue
             for sev in SEVERITIES[family]:
@@ -75,13 +107,15 @@ def fault_scenarios(gpus: Iterable[int], seeds: int) -> list[Scenario]:
                             steps=onset + FAULT_STEPS_AFTER_ONSET,
                             seed=seed,
                             fault=Fault(family=family, severity=sev, onset_step=onset),
-                            heartbeats=family in HANG_FAMILIES,
+                            heartbeats=all_heartbeats or family in HANG_FAMILIES,
                         )
                     )
     return out
 
 
-def clean_scenarios(gpus: Iterable[int], total_steps: int = CLEAN_STEPS_TOTAL) -> list[Scenario]:
+def clean_scenarios(
+    gpus: Iterable[int], total_steps: int = CLEAN_STEPS_TOTAL, all_heartbeats: bool = False
+) -> list[Scenario]:
     """Clean runs whose steps add up to `total_steps`, spread over the layouts and noises."""
     gpus = list(gpus)
     variants: list[tuple[str, Callable[[Layout], tuple[Layout, Noise]]]] = [
@@ -107,7 +141,7 @@ def clean_scenarios(gpus: Iterable[int], total_steps: int = CLEAN_STEPS_TOTAL) -
             steps=per_run,
             seed=_seed("clean", k, g) if name == "r" else _seed("clean", name, k, g),
             noise=noise,
-            heartbeats=False,
+            heartbeats=all_heartbeats,
         )
 
     for g, n_runs in zip(gpus, runs_per, strict=True):
@@ -134,6 +168,25 @@ def _can_happen(family: str, layout: Layout) -> bool:
     return True
 
 
+def accepted_culprits(sim: Any) -> list[frozenset[str]]:
+    """Per true culprit (the truth's, then a second fault's): the entities that count as it,
+    the culprit itself and, for a rank that is not traced, its node."""
+    truth = sim.truth
+    culprits = [(truth.culprit, truth.culprit_traced)]
+    if truth.second:
+        culprits.append((truth.second["culprit"], truth.second["culprit_traced"]))
+    out = []
+    for culprit, traced in culprits:
+        if culprit is None:
+            continue
+        names = {culprit}
+        if traced is False and culprit.startswith("rank:"):
+            node = int(sim.topology.node_of[int(culprit[5:])])
+            names.add(sim.topology.node_entity(node))
+        out.append(frozenset(names))
+    return out
+
+
 def run_scenario(sc: Scenario, config: DetectorConfig | None = None) -> ScenarioResult:
     """Simulate one scenario into a fresh diagnoser and score what it reported."""
     from producers.simulator import ClusterSimulator
@@ -141,17 +194,33 @@ def run_scenario(sc: Scenario, config: DetectorConfig | None = None) -> Scenario
     sim = ClusterSimulator(sc)
     diag = JobDiagnoser(sc.job, config)
     events: list[IncidentV1] = []
-    events += diag.on_job(sim.job_start()).incidents
-    for item in sim.run():
-        if isinstance(item, StepFrame):
-            events += diag.on_frame(item).incidents
-        else:
-            events += diag.on_heartbeat(item).incidents
-    events += diag.flush().incidents
-    return score(sc, sim.truth, events)
+    error = None
+    try:
+        events += diag.on_job(sim.job_start()).incidents
+        for item in sim.run():
+            if isinstance(item, StepFrame):
+                events += diag.on_frame(item).incidents
+            else:
+                events += diag.on_heartbeat(item).incidents
+        events += diag.flush().incidents
+    except Exception as exc:  # a crash is a result of the run, not the end of the evaluation
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        error = f"{type(exc).__name__}: {exc} ({where.filename}:{where.lineno})"
+    res = score(sc, sim.truth, events, accepted_culprits(sim))
+    res.error = error
+    return res
 
 
-def score(sc: Scenario, truth, events: list[IncidentV1]) -> ScenarioResult:  # noqa: ANN001
+def score(
+    sc: Scenario,
+    truth,  # noqa: ANN001
+    events: list[IncidentV1],
+    accept: list[frozenset[str]] | None = None,
+) -> ScenarioResult:
+    """Score the incidents of one run; `accept`: per true culprit, the entities that count
+    as it (default: the truth's culprit alone). With two culprits (a second fault), top-1
+    and top-3 accept either, the kind is the named one's, repeats are the incidents beyond
+    one per culprit, and `found_all` says whether both were named."""
     final: dict[str, IncidentV1] = {}
     for ev in events:
         final[ev.id] = ev
@@ -165,24 +234,34 @@ def score(sc: Scenario, truth, events: list[IncidentV1]) -> ScenarioResult:  # n
         truth_culprit=truth.culprit,
         truth_kind=truth.kind,
         incidents=[_brief(i) for i in incs],
+        culprit_traced=getattr(truth, "culprit_traced", None),
+        two_faults=bool(getattr(truth, "second", None)),
     )
     if truth.family is None:
         res.false_device = len(device)
         return res
+    groups = accept or [frozenset((truth.culprit,))]
+    ok = frozenset().union(*groups)
+    kinds = [truth.kind] + ([truth.second["kind"]] if getattr(truth, "second", None) else [])
     onset = truth.onset_step if truth.onset_step is not None else 0
     after = [i for i in device if i.opened_step >= onset]
-    res.false_device = sum(1 for i in device if i.opened_step < onset or i.culprit != truth.culprit)
+    res.false_device = sum(1 for i in device if i.opened_step < onset or i.culprit not in ok)
     if not after:
         return res
     first = after[0]
-    on_culprit = sum(1 for i in after if i.culprit == truth.culprit)
-    res.repeats = on_culprit - (first.culprit == truth.culprit)
+    on_culprit = [sum(1 for i in after if i.culprit in g) for g in groups]
+    if len(groups) == 1:
+        res.repeats = on_culprit[0] - (first.culprit in ok)
+    else:
+        res.repeats = sum(max(0, n - 1) for n in on_culprit)
+        res.found_all = all(n > 0 for n in on_culprit)
     res.first = _brief(first)
     res.detected = True
-    res.top1 = first.culprit == truth.culprit
+    res.top1 = first.culprit in ok
     ranked = [first.culprit] + [s.entity for s in first.suspects if s.entity != first.culprit]
-    res.top3 = truth.culprit in ranked[:3]
-    res.kind_ok = first.kind == truth.kind
+    res.top3 = any(e in ok for e in ranked[:3])
+    named = next((k for g, k in zip(groups, kinds, strict=False) if first.culprit in g), kinds[0])
+    res.kind_ok = first.kind == named
     res.latency_steps = float(first.opened_step - onset)
     if truth.onset_ts_ns is not None:
         res.latency_s = (first.opened_ts_ns - truth.onset_ts_ns) / 1e9
@@ -207,17 +286,22 @@ def run_all(
     scenarios: list[Scenario],
     jobs: int = 2,
     progress: Callable[[ScenarioResult], None] | None = None,
+    conditions: list[str] | None = None,
 ) -> list[ScenarioResult]:
+    """Run and score every scenario (in order); `conditions[i]` labels result i."""
     results = []
+    names = conditions or [""] * len(scenarios)
     if jobs <= 1:
-        for sc in scenarios:
-            r = run_scenario(sc)
+        outcomes: Iterable[ScenarioResult] = map(run_scenario, scenarios)
+        for r, name in zip(outcomes, names, strict=True):
+            r.condition = name
             results.append(r)
             if progress:
                 progress(r)
         return results
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for r in pool.map(run_scenario, scenarios):
+        for r, name in zip(pool.map(run_scenario, scenarios), names, strict=True):
+            r.condition = name
             results.append(r)
             if progress:
                 progress(r)
@@ -231,6 +315,7 @@ def _metrics(rs: list[ScenarioResult]) -> dict:
     lat = [r.latency_steps for r in faults if r.top1 and r.latency_steps is not None]
     lat_s = [r.latency_s for r in faults if r.top1 and r.latency_s is not None]
     clean_steps = sum(r.steps for r in clean)
+    two = [r for r in faults if r.two_faults]
     return {
         "scenarios": len(rs),
         "top1": sum(r.top1 for r in faults) / n if n else None,
@@ -245,21 +330,31 @@ def _metrics(rs: list[ScenarioResult]) -> dict:
         "repeats_per_fault_run": sum(r.repeats for r in faults) / n if n else None,
         "clean_steps": clean_steps,
         "false_device_in_fault_runs": sum(r.false_device for r in faults),
+        "errors": sum(r.error is not None for r in rs),
+        "found_all": (sum(bool(r.found_all) for r in two) / len(two) if two else None),
     }
 
 
-def summarize_results(results: list[ScenarioResult], gpus: list[int], seeds: int) -> dict:
-    """The `--json` document: overall and per-family metrics (rates are fractions 0–1)."""
+def _by_family(results: list[ScenarioResult]) -> dict[str, dict]:
     fams: dict[str, list[ScenarioResult]] = {}
     for r in results:
         fams.setdefault(r.family, []).append(r)
-    clean = fams.get("clean", [])
+    return {f: _metrics(rs) for f, rs in sorted(fams.items())}
+
+
+def summarize_results(
+    results: list[ScenarioResult],
+    gpus: list[int],
+    seeds: int,
+    conditions: list[str] | None = None,
+) -> dict:
+    """The `--json` document: overall and per-family metrics (rates are fractions 0–1);
+    with `conditions`, also `by_condition` → {condition → {overall, families}}."""
+    clean = [r for r in results if r.family == "clean"]
     overall = _metrics(results)
-    return {
+    doc: dict[str, Any] = {
         "overall": overall,
-        "families": {
-            f: _metrics(rs if f == "clean" else rs + []) for f, rs in sorted(fams.items())
-        },
+        "families": _by_family(results),
         "by_gpus": {str(g): _metrics([r for r in results if r.gpus == g]) for g in gpus},
         "gpus": gpus,
         "seeds": seeds,
@@ -269,3 +364,18 @@ def summarize_results(results: list[ScenarioResult], gpus: list[int], seeds: int
             :50
         ],
     }
+    doc["errors"] = [{"name": r.name, "error": r.error} for r in results if r.error][:50]
+    if conditions:
+        doc["conditions"] = conditions
+        doc["by_condition"] = {}
+        for c in conditions:
+            mine = [r for r in results if r.condition == c]
+            doc["by_condition"][c] = {
+                "overall": _metrics(mine),
+                "families": _by_family(mine),
+                "misses": [asdict(r) for r in mine if r.truth_culprit and not r.top1][:20],
+                "false_alarms": [asdict(r) for r in mine if not r.truth_culprit and r.false_device][
+                    :20
+                ],
+            }
+    return doc

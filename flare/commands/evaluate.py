@@ -6,6 +6,16 @@ from pathlib import Path
 
 import typer
 
+_CONDITIONS_HELP = (
+    "real-training conditions to score, comma-separated, or 'all': base (~2 s steps, all "
+    "traced), step05 / step30 / step60 (0.5 / 30 / 60 s steps), tp0 (one rank per TP group "
+    "traced), half (a random half traced), node_dark (one node's agent down), comm_only (no "
+    "compute ops), seq (sequence-length imbalance), stage (last pipeline stage 1.4×), "
+    "two_faults (a second fault, a slow GPU ×1.5 in another group; no clean runs); combine "
+    "with + (step30+tp0). Each condition runs every fault family (straggler and flapping_nic "
+    "included) and the clean runs, heartbeats on; prints a row per condition"
+)
+
 
 def _parse_gpus(text: str) -> list[int]:
     try:
@@ -17,6 +27,24 @@ def _parse_gpus(text: str) -> list[int]:
     return gpus
 
 
+COLS = (
+    "scenarios",
+    "top1",
+    "top3",
+    "kind",
+    "false_per_10k_clean_steps",
+    "latency_steps_median",
+    "latency_s_median",
+    "repeats_per_fault_run",
+)
+HEADS = ("runs", "top1", "top3", "kind", "false/10k clean", "latency steps", "latency s",
+         "repeats/run")  # fmt: skip
+
+
+def _fmt(v: object) -> str:
+    return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_cmd(
@@ -26,51 +54,135 @@ def register(app: typer.Typer) -> None:
         jobs: int = typer.Option(2, min=1, help="worker processes"),
         families: str = typer.Option("", help="only these fault families (comma-separated)"),
         json_out: Path | None = typer.Option(None, "--json", help="write results as JSON"),
+        conditions: str = typer.Option("", help=_CONDITIONS_HELP),
+        heartbeats: str | None = typer.Option(
+            None,
+            help="'all': heartbeats in every run (false hangs show); 'hang': in hang runs "
+            "only. Default: all with --conditions, hang without",
+        ),  # fmt: skip
     ) -> None:
         """Run every fault family × severity × layout plus clean runs; print the scores."""
         import orjson
         from rich.console import Console
-        from rich.progress import Progress
-        from rich.table import Table
 
-        from flare.evaluation import clean_scenarios, fault_scenarios, run_all, summarize_results
+        from flare.eval_conditions import condition_scenarios, parse_conditions
+        from flare.evaluation import clean_scenarios, fault_scenarios, summarize_results
+        from producers.simulator import FAMILIES
 
         sizes = _parse_gpus(gpus)
-        scen = fault_scenarios(sizes, seeds)
-        if families:
-            wanted = {f.strip() for f in families.split(",")}
-            scen = [s for s in scen if s.fault and s.fault.family in wanted]
-        scen += clean_scenarios(sizes, clean_steps) if clean_steps else []
-        console = Console(stderr=True)
-        with Progress(console=console) as bar:
-            task = bar.add_task("scenarios", total=len(scen))
-            results = run_all(scen, jobs=jobs, progress=lambda _r: bar.advance(task))
-        doc = summarize_results(results, sizes, seeds)
-        table = Table(title=f"flare eval --gpus {gpus} --seeds {seeds}")
-        cols = (
-            "scenarios",
-            "top1",
-            "top3",
-            "kind",
-            "false_per_10k_clean_steps",
-            "latency_steps_median",
-            "latency_s_median",
-            "repeats_per_fault_run",
-        )
-        heads = ("runs", "top1", "top3", "kind", "false/10k clean", "latency steps", "latency s",
-                 "repeats/run")
-        table.add_column("family")
-        for h in heads:
-            table.add_column(h, justify="right")
+        if heartbeats not in (None, "all", "hang"):
+            raise typer.BadParameter("--heartbeats takes 'all' or 'hang'")
+        wanted = [f.strip() for f in families.split(",") if f.strip()]
+        unknown = [f for f in wanted if f not in FAMILIES]
+        if unknown:
+            raise typer.BadParameter(f"--families: {unknown[0]!r} is not one of "
+                                     f"{', '.join(FAMILIES)}")  # fmt: skip
+        names: list[str] | None = None  # the condition of each scenario
+        cond_names: list[str] | None = None
+        if conditions:
+            try:
+                conds = parse_conditions(conditions)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc)) from None
+            pairs = condition_scenarios(conds, sizes, seeds, clean_steps, wanted or FAMILIES)
+            if heartbeats == "hang":
+                from dataclasses import replace
 
-        def fmt(v: object) -> str:
-            return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
-
-        for fam, m in doc["families"].items():
-            table.add_row(fam, *(fmt(m[c]) for c in cols))
-        for g, m in doc["by_gpus"].items():
-            table.add_row(f"all at {g} GPUs", *(fmt(m[c]) for c in cols), style="italic")
-        table.add_row("overall", *(fmt(doc["overall"][c]) for c in cols), style="bold")
-        Console(width=max(Console().width, 125)).print(table)
+                hang = ("hang_rank", "comm_hang")
+                pairs = [(c, replace(sc, heartbeats=any(f is not None and f.family in hang
+                                                        for f in (sc.fault, sc.fault2))))
+                         for c, sc in pairs]  # fmt: skip
+            scen = [sc for _, sc in pairs]
+            names = [c for c, _ in pairs]
+            cond_names = [c.name for c in conds]
+        else:
+            every = heartbeats == "all"
+            if wanted:
+                scen = fault_scenarios(sizes, seeds, wanted, all_heartbeats=every)
+            else:
+                scen = fault_scenarios(sizes, seeds, all_heartbeats=every)
+            scen += clean_scenarios(sizes, clean_steps, every) if clean_steps else []
+        results = _run(scen, jobs, names)
+        doc = summarize_results(results, sizes, seeds, cond_names)
+        title = f"flare eval --gpus {gpus} --seeds {seeds}"
+        width = max(Console().width, 125)
+        if cond_names:
+            _print_conditions(doc, title + f" --conditions {conditions}", width)
+        else:
+            _print_families(doc, title, width)
+        if doc["errors"]:
+            Console(stderr=True).print(
+                f"[red]{len(doc['errors'])} run(s) crashed[/red] (scored up to the crash), "
+                f"first: {doc['errors'][0]['name']}: {doc['errors'][0]['error']}"
+            )
         if json_out:
             json_out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+
+
+def _run(scen: list, jobs: int, names: list[str] | None) -> list:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from flare.evaluation import run_all
+
+    with Progress(console=Console(stderr=True)) as bar:
+        task = bar.add_task("scenarios", total=len(scen))
+        return run_all(scen, jobs=jobs, progress=lambda _r: bar.advance(task), conditions=names)
+
+
+def _table(title: str, first: str):  # noqa: ANN202
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column(first)
+    for h in HEADS:
+        table.add_column(h, justify="right")
+    return table
+
+
+def _print_families(doc: dict, title: str, width: int) -> None:
+    """The table of old: a row per family, per layout size, and overall."""
+    from rich.console import Console
+
+    table = _table(title, "family")
+    for fam, m in doc["families"].items():
+        table.add_row(fam, *(_fmt(m[c]) for c in COLS))
+    for g, m in doc["by_gpus"].items():
+        table.add_row(f"all at {g} GPUs", *(_fmt(m[c]) for c in COLS), style="italic")
+    table.add_row("overall", *(_fmt(doc["overall"][c]) for c in COLS), style="bold")
+    Console(width=width).print(table)
+
+
+def _print_conditions(doc: dict, title: str, width: int) -> None:
+    """A row per condition, then top-1 / kind of every family under every condition (the
+    clean row: false device incidents per 10,000 clean steps)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    conds = list(doc["by_condition"])
+    console = Console(width=max(width, 17 + sum(max(len(c), 7) + 3 for c in conds)))
+    table = _table(title, "condition")
+    table.add_column("both found", justify="right")  # two simultaneous faults
+    for cond, part in doc["by_condition"].items():
+        m = part["overall"]
+        table.add_row(cond, *(_fmt(m[c]) for c in (*COLS, "found_all")))
+    table.add_row("overall", *(_fmt(doc["overall"][c]) for c in (*COLS, "found_all")),
+                  style="bold")  # fmt: skip
+    console.print(table)
+    fams = sorted({f for part in doc["by_condition"].values() for f in part["families"]})
+    grid = Table(title="top-1 % / kind % per family and condition (clean: false per 10k steps)")
+    grid.add_column("family")
+    for c in conds:
+        grid.add_column(c, justify="right")
+    for fam in fams:
+        cells = []
+        for c in conds:
+            m = doc["by_condition"][c]["families"].get(fam)
+            if m is None:
+                cells.append("")
+            elif fam == "clean":
+                cells.append(f"{m['false_per_10k_clean_steps']:.1f}")
+            else:
+                cells.append(f"{100 * m['top1']:.0f}/{100 * m['kind']:.0f}")
+        grid.add_row(fam, *cells)
+    console.print(grid)

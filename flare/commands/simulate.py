@@ -16,7 +16,8 @@ def register(app: typer.Typer) -> None:
         fault: str | None = typer.Option(
             None,
             help="fault family: slow_gpu, thermal, slow_node, host, nic, switch, "
-            "pp_link, hang_rank, comm_hang (none: a clean run)",
+            "pp_link, hang_rank, comm_hang, straggler (a GPU 5-20× slow but alive), "
+            "flapping_nic (a NIC fault that comes and goes) (none: a clean run)",
         ),  # fmt: skip
         severity: float | None = typer.Option(
             None, help="fault severity (default: the middle of the family's grid)"
@@ -33,6 +34,25 @@ def register(app: typer.Typer) -> None:
         step_time: float = typer.Option(2.0, min=0.001, help="healthy step time, seconds"),
         ep: int = typer.Option(1, min=1, help="MoE expert-parallel size (divides dp)"),
         heartbeats: bool = typer.Option(True, help="emit ~1 Hz heartbeats per rank"),
+        traced: str = typer.Option(
+            "all",
+            help="ranks that report: all, tp0 (one per TP group), half (a seeded random "
+            "half), node_dark (all but one seeded node)",
+        ),  # fmt: skip
+        comm_only: bool = typer.Option(False, help="log only collectives and p2p (no compute ops)"),
+        seq_imbalance: float = typer.Option(
+            0.0,
+            help="sequence-length imbalance: σ of each DP replica's per-step compute "
+            "multiplier (some replicas persistently heavier); 0: none",
+        ),  # fmt: skip
+        stage_imbalance: float = typer.Option(
+            1.0, help="the last pipeline stage computes this many times longer by design"
+        ),
+        fault2: str | None = typer.Option(
+            None,
+            help="a second, simultaneous fault family (needs --fault): the middle of its "
+            "grid, at the same onset, drawn in another node and DP group",
+        ),  # fmt: skip
         bootstrap: str | None = typer.Option(
             None, help="publish live to this Kafka (host:port) instead of writing --out"
         ),
@@ -64,12 +84,20 @@ def register(app: typer.Typer) -> None:
                 grid = SEVERITIES[fault]
                 sev = severity if severity is not None else grid[len(grid) // 2]
                 flt = Fault(fault, sev, onset if onset is not None else steps // 4, target)
-            elif severity is not None or onset is not None or target is not None:
-                raise ValueError("--severity, --onset and --target need --fault")
+            elif severity is not None or onset is not None or target is not None or fault2:
+                raise ValueError("--severity, --onset, --target and --fault2 need --fault")
+            flt2 = None
+            if fault2 is not None and flt is not None:
+                if fault2 not in FAMILIES:
+                    raise ValueError(f"--fault2 must be one of {', '.join(FAMILIES)}")
+                grid2 = SEVERITIES[fault2]
+                flt2 = Fault(fault2, grid2[len(grid2) // 2], flt.onset_step)
             name = job or f"sim-{gpus}-{fault or 'clean'}-s{seed}"
             scenario = Scenario(
                 job=name, layout=layout_for_gpus(gpus, ep=ep), steps=steps, seed=seed,
-                fault=flt, step_time_s=step_time, heartbeats=heartbeats,
+                fault=flt, step_time_s=step_time, heartbeats=heartbeats, traced=traced,
+                comm_only=comm_only, seq_imbalance=seq_imbalance,
+                stage_imbalance=stage_imbalance, fault2=flt2,
             )  # fmt: skip
             sim = ClusterSimulator(scenario)  # raises if the fault cannot happen on the layout
         except ValueError as exc:

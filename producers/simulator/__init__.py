@@ -5,6 +5,10 @@ physically faithful steps: per-rank clocks, launch gaps, compute, collectives th
 their last member arrives, p2p rendezvous, GPipe pipelining. `ClusterSimulator.run()` yields
 `StepFrame`s and heartbeats for the fast path, `events()` the same run as wire-v1 messages,
 `write_recording()` a `.jsonl` recording with its `<stem>.truth.json`.
+
+Real-training conditions are scenario options too (`Scenario.step_time_s`, `traced`,
+`comm_only`, `seq_imbalance`, `stage_imbalance`; the `straggler` and `flapping_nic` fault
+families): production recordings have them, and the detectors must hold under them.
 """
 
 from producers.simulator.recording import read_truth, truth_path, write_recording
@@ -12,6 +16,7 @@ from producers.simulator.scenario import (
     FAMILIES,
     FAMILY_KIND,
     SEVERITIES,
+    TRACED,
     Fault,
     GroundTruth,
     Layout,
@@ -25,6 +30,7 @@ __all__ = [
     "FAMILIES",
     "FAMILY_KIND",
     "SEVERITIES",
+    "TRACED",
     "ClusterSimulator",
     "Fault",
     "GroundTruth",

@@ -15,8 +15,8 @@ import numpy as np
 from producers.simulator.scenario import Fault
 from producers.simulator.topology import G_PP_NEXT, Topology
 
-COMPUTE_FAMILIES = ("slow_gpu", "thermal", "slow_node")
-LINK_FAMILIES = ("nic", "switch", "pp_link")
+COMPUTE_FAMILIES = ("slow_gpu", "thermal", "slow_node", "straggler")
+LINK_FAMILIES = ("nic", "switch", "pp_link", "flapping_nic")
 HANG_FAMILIES = ("hang_rank", "comm_hang")
 
 
@@ -30,7 +30,8 @@ class FaultPlan:
     ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # per group kind, per stage: which instances get transfer × severity (link families)
     link_hit: dict[int, list[np.ndarray]] | None = None
-    thermal_on: np.ndarray | None = None  # (steps,) bool, thermal episodes
+    # (steps + 1,) bool: when an intermittent fault (thermal episodes, a flapping NIC) is on
+    schedule: np.ndarray | None = None
     hang_rank: int | None = None
     hang_at: float = 0.0  # where in its step the rank stops, as a fraction of its ops
     comm_group: tuple[int, int] | None = None  # (stage, tp index) of the hung dp group
@@ -42,8 +43,8 @@ class FaultPlan:
     def active(self, step: int) -> bool:
         if step < self.fault.onset_step:
             return False
-        if self.thermal_on is not None:
-            return bool(self.thermal_on[min(step, len(self.thermal_on) - 1)])
+        if self.schedule is not None:
+            return bool(self.schedule[min(step, len(self.schedule) - 1)])
         return True
 
     def compute_factor(self, step: int, world: int) -> np.ndarray | None:
@@ -144,6 +145,14 @@ def _thermal_schedule(onset: int, steps: int, rng: np.random.Generator) -> np.nd
     return on
 
 
+def _flapping_schedule(onset: int, steps: int, rng: np.random.Generator) -> np.ndarray:
+    """On for p steps, off for p steps, and so on from the onset, p seeded in 2–5: a NIC
+    whose link renegotiates or flaps, so its evidence comes and goes at a steady period."""
+    period = int(rng.integers(2, 6))
+    k = np.arange(steps + 1) - onset
+    return (k >= 0) & ((k // period) % 2 == 0)
+
+
 def plan_fault(
     fault: Fault,
     topo: Topology,
@@ -153,22 +162,24 @@ def plan_fault(
 ) -> FaultPlan:
     """Bind `fault` to this topology (clear ValueError when it cannot happen on it)."""
     fam = fault.family
-    if fam in ("slow_gpu", "thermal"):
+    if fam in ("slow_gpu", "thermal", "straggler"):
         r = _resolve_rank(topo, fault.target, target_rng)
         plan = FaultPlan(fault, fault.kind, topo.rank_entity(r), ranks=np.array([r]))
         if fam == "thermal":
-            plan.thermal_on = _thermal_schedule(fault.onset_step, steps, fault_rng)
+            plan.schedule = _thermal_schedule(fault.onset_step, steps, fault_rng)
         return plan
-    if fam in ("slow_node", "host", "nic"):
+    if fam in ("slow_node", "host", "nic", "flapping_nic"):
         node = _resolve_node(topo, fault.target, target_rng)
         ranks = np.flatnonzero(topo.node_of == node)
         plan = FaultPlan(fault, fault.kind, topo.node_entity(node), ranks=ranks)
-        if fam == "nic":
+        if fam in ("nic", "flapping_nic"):
             if topo.n_nodes < 2:
-                raise ValueError("a nic fault needs at least 2 nodes (cross-node traffic)")
+                raise ValueError(f"a {fam} fault needs at least 2 nodes (cross-node traffic)")
             hit = np.zeros(topo.n_nodes, dtype=bool)
             hit[node] = True
             plan.link_hit = topo.instances_touching(hit)
+        if fam == "flapping_nic":
+            plan.schedule = _flapping_schedule(fault.onset_step, steps, fault_rng)
         return plan
     if fam == "switch":
         w = _resolve_switch(topo, fault.target, target_rng)
@@ -191,3 +202,51 @@ def plan_fault(
     plan = FaultPlan(fault, fault.kind, f"group:{topo.dp_group_name(s, t)}")
     plan.comm_group = (s, t)
     return plan
+
+
+def fault_nodes(plan: FaultPlan, topo: Topology) -> set[int]:
+    """The nodes a fault acts on (for a switch: all under it; a dp hang: its members')."""
+    if plan.ranks.size:
+        return set(topo.node_of[plan.ranks].tolist())
+    kind, _, name = plan.culprit.partition(":")
+    if kind == "switch":
+        w = topo.switch_names.index(name)
+        return set(np.flatnonzero(topo.switch_of_node == w).tolist())
+    if kind == "link":
+        return {topo.node_names.index(n) for n in name.split("~")}
+    s, t = plan.comm_group  # type: ignore[misc]
+    lay = topo.layout
+    members = s * topo.stage_size + np.arange(lay.dp) * lay.tp + t
+    return set(topo.node_of[members].tolist())
+
+
+def _collide(a: FaultPlan, b: FaultPlan, topo: Topology) -> bool:
+    """Whether two faults share a node, or (two single-rank faults) a DP group."""
+    if fault_nodes(a, topo) & fault_nodes(b, topo):
+        return True
+    if a.ranks.size == 1 and b.ranks.size == 1:
+        ra, rb = int(a.ranks[0]), int(b.ranks[0])
+        same_dp = (topo.pp_of[ra], topo.tp_of[ra]) == (topo.pp_of[rb], topo.tp_of[rb])
+        return bool(same_dp)
+    return False
+
+
+def plan_second_fault(
+    fault: Fault,
+    first: FaultPlan,
+    topo: Topology,
+    steps: int,
+    target_rng: np.random.Generator,
+    fault_rng: np.random.Generator,
+    tries: int = 1000,
+) -> FaultPlan:
+    """Bind a second, simultaneous fault in a different group than `first` (no node shared,
+    nor a DP group when both hit one rank): without a target, drawn until it is."""
+    for _ in range(tries if fault.target is None else 1):
+        plan = plan_fault(fault, topo, steps, target_rng, fault_rng)
+        if not _collide(first, plan, topo):
+            return plan
+    raise ValueError(
+        f"the second fault ({plan.culprit}) must not share a node or DP group with the first "
+        f"({first.culprit})"
+    )

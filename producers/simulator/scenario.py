@@ -23,12 +23,16 @@ FAMILIES: tuple[str, ...] = (
     "pp_link",
     "hang_rank",
     "comm_hang",
+    "straggler",
+    "flapping_nic",
 )
 
 # Severity grids of the evaluation matrix. Compute faults are slowdown factors (Holmes found
 # that below δ≈1.04 jitter dominates, hence 1.05 as the smallest slow GPU); link faults are
 # bandwidth divisors (DESIGN §8: NIC/link ÷1.5–10); host is the step time lost in launch gaps
-# (1.3 = the node's ranks lose 30% of a step); hangs have no severity (1.0).
+# (1.3 = the node's ranks lose 30% of a step); hangs have no severity (1.0). A straggler is
+# a GPU so slow (5–20×) that its peers' waits outlast a hang timeout while it still makes
+# progress; a flapping NIC needs a clear divisor (÷2–10) since its evidence comes and goes.
 SEVERITIES: dict[str, tuple[float, ...]] = {
     "slow_gpu": (1.05, 1.2, 1.5, 2.0),
     "thermal": (1.2, 1.5, 2.0),
@@ -39,6 +43,8 @@ SEVERITIES: dict[str, tuple[float, ...]] = {
     "pp_link": (1.5, 3.0, 10.0),
     "hang_rank": (1.0,),
     "comm_hang": (1.0,),
+    "straggler": (5.0, 10.0, 20.0),
+    "flapping_nic": (2.0, 4.0, 10.0),
 }
 
 # Incident kind (DESIGN §3) that a correct diagnosis of each family reports.
@@ -52,7 +58,14 @@ FAMILY_KIND: dict[str, str] = {
     "pp_link": "link",
     "hang_rank": "hang",
     "comm_hang": "hang",
+    "straggler": "gpu",
+    "flapping_nic": "link",
 }
+
+# Which ranks report (`Scenario.traced`): every rank; one rank per TP group (tp coordinate 0,
+# what production tracers often record); a seeded random half; every rank but those of one
+# seeded node (its agent is down).
+TRACED: tuple[str, ...] = ("all", "tp0", "half", "node_dark")
 
 # Presets (tp, pp, dp): TP inside a node (8 GPUs), PP across nodes, DP the rest.
 _PRESETS: dict[int, tuple[int, int, int]] = {
@@ -201,6 +214,25 @@ class Scenario:
     changes, and at least every `keepalive_s` (keepalive_s <= 1 s: every sample, the old 1 Hz
     stream). Unlike the agent's flags these are not bounded by the hang timeout, so that
     evaluations may study other cadences.
+
+    Real-training conditions (DESIGN §4.8; the defaults are the kind simulator of old, and
+    leave its output byte for byte unchanged):
+    - `step_time_s`: the healthy step (real LLM steps last 0.5–60 s). Compute and bandwidth
+      scale with it; launch gaps, link latencies, clock skew, GC and checkpoint pauses and
+      the 1 Hz heartbeat sampling stay absolute, as on real hardware.
+    - `traced` (one of `TRACED`): only these ranks' steps and heartbeats are emitted; the
+      ground truth stays the true culprit, traced or not.
+    - `comm_only`: no compute ops in any message or frame (collective and p2p logging only);
+      the rank's step window stays what its step marker says.
+    - `seq_imbalance`: sequence-length imbalance, the σ of a per-step lognormal (mean 1)
+      multiplier of each DP replica's compute, drawn anew every step, with a seeded eighth
+      of the replicas (at least one) persistently heavier by 1 + σ·U(0.5, 1).
+    - `stage_imbalance`: the last pipeline stage computes this many times longer by design
+      (1.2–1.6 in real models: the LM head and the loss); included in the calibration, so
+      the healthy step still lasts `step_time_s`.
+    None of these is a fault: they must not become device incidents. `fault2` is a second,
+    simultaneous fault in a different group (no node, TP or DP group shared with `fault`;
+    drawn from its own seed when it has no target); at most one of the two is a hang.
     """
 
     job: str
@@ -215,8 +247,14 @@ class Scenario:
     heartbeats: bool = True
     keepalive_s: float = KEEPALIVE_S
     long_op_s: float = LONG_OP_S
+    traced: str = "all"
+    comm_only: bool = False
+    seq_imbalance: float = 0.0
+    stage_imbalance: float = 1.0
+    fault2: Fault | None = None
 
     def __post_init__(self) -> None:
+        self._check_conditions()
         if not isinstance(self.job, str) or not 1 <= len(self.job) <= 256:
             raise ValueError(f"Scenario.job must be a non-empty string, got {self.job!r}")
         for name in ("keepalive_s", "long_op_s"):
@@ -229,10 +267,39 @@ class Scenario:
             raise ValueError(f"Scenario.seed must be an integer >= 0, got {self.seed!r}")
         if not (self.step_time_s > 0 and math.isfinite(self.step_time_s)):
             raise ValueError(f"Scenario.step_time_s must be > 0, got {self.step_time_s!r}")
-        if self.fault is not None and self.fault.onset_step >= self.steps:
-            raise ValueError(
-                f"Fault.onset_step={self.fault.onset_step} must be below steps={self.steps}"
-            )
+        for f in (self.fault, self.fault2):
+            if f is not None and f.onset_step >= self.steps:
+                raise ValueError(
+                    f"Fault.onset_step={f.onset_step} must be below steps={self.steps}"
+                )
+        if self.fault2 is not None:
+            if self.fault is None:
+                raise ValueError("Scenario.fault2 is a second fault: it needs Scenario.fault")
+            if FAMILY_KIND[self.fault.family] == FAMILY_KIND[self.fault2.family] == "hang":
+                raise ValueError("Scenario.fault and fault2 cannot both be hangs")
+
+    def _check_conditions(self) -> None:
+        if self.traced not in TRACED:
+            raise ValueError(f"Scenario.traced must be one of {', '.join(TRACED)}, "
+                             f"got {self.traced!r}")  # fmt: skip
+        if not isinstance(self.comm_only, bool):
+            raise ValueError(f"Scenario.comm_only must be True or False, got {self.comm_only!r}")
+        for name, lo, hi in (("seq_imbalance", 0.0, 2.0), ("stage_imbalance", 1.0, 10.0)):
+            v = getattr(self, name)
+            ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or not lo <= v <= hi:
+                raise ValueError(f"Scenario.{name} must be a number in [{lo}, {hi}], got {v!r}")
+
+    def conditions(self) -> dict[str, Any]:
+        """The real-training conditions that differ from the defaults (step time apart)."""
+        out: dict[str, Any] = {}
+        for name, default in (("traced", "all"), ("comm_only", False), ("seq_imbalance", 0.0),
+                              ("stage_imbalance", 1.0), ("fault2", None)):  # fmt: skip
+            if getattr(self, name) != default:
+                out[name] = getattr(self, name)
+        if self.fault2 is not None:
+            out["fault2"] = asdict(self.fault2)
+        return out
 
 
 @dataclass(frozen=True)
@@ -241,6 +308,11 @@ class GroundTruth:
 
     `onset_ts_ns` is on the reference clock (no node skew): the earliest start of the onset
     step over all ranks, or for a hang the moment the rank / collective stopped.
+    `conditions` (the scenario's non-default real-training conditions), `culprit_traced`
+    (whether any rank of a rank or node culprit reports, with a partial `traced`) and `second`
+    (the same fields of `Scenario.fault2`: family, kind, culprit, onset_step, onset_ts_ns,
+    severity, culprit_traced) are written only when set, so that recordings of the default
+    conditions keep their old truth file.
     """
 
     job: str
@@ -255,9 +327,16 @@ class GroundTruth:
     steps: int
     seed: int
     step_time_s: float
+    conditions: dict[str, Any] | None = None
+    culprit_traced: bool | None = None
+    second: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        for name in ("conditions", "culprit_traced", "second"):
+            if d[name] is None:
+                del d[name]
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GroundTruth:

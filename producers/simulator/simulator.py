@@ -10,6 +10,11 @@ form `GridCadence`): each rank is sampled at 1 Hz, but a sample is published onl
 rank's first sample, when its long op (in flight >= `Scenario.long_op_s`) appears, changes or
 ends, and on every K-th sample of its grid (K = keepalive_s / 1 s); the per-rank state of that
 rule is carried from step to step.
+
+The engine always simulates every rank; what is emitted is what a production tracer would
+see: only the `Scenario.traced` ranks' steps and heartbeats, without compute ops when
+`comm_only`. After a hang, heartbeats keep coming for max(40 s, 6 step times), long enough for
+a hang timeout of a few of the job's own step times to fire, then the job is gone.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import msgspec
 import numpy as np
 
 from producers.agent.cadence import INTERVAL_S, GridCadence
+from producers.simulator.conditions import Workload, stage_factor, traced_mask
 from producers.simulator.costs import CostModel, transfer_times
 from producers.simulator.emit import (
     Clocks,
@@ -33,7 +39,8 @@ from producers.simulator.emit import (
     steps_value,
 )
 from producers.simulator.engine import SeqCounters, StepEngine, StepInputs, StepRecord
-from producers.simulator.faults import HANG_FAMILIES, LINK_FAMILIES, FaultPlan, plan_fault
+from producers.simulator.faults import HANG_FAMILIES, FaultPlan, plan_fault, plan_second_fault
+from producers.simulator.merge import Merger
 from producers.simulator.noise import NoiseDraw, NoiseSource
 from producers.simulator.scenario import GroundTruth, Scenario
 from producers.simulator.topology import Topology
@@ -46,51 +53,9 @@ from schemas.wire import Layout as WireLayout
 
 EPOCH_NS = 1_790_000_000 * 10**9  # true time 0 of every simulated job
 HEARTBEAT_PERIOD_NS = INTERVAL_S * NS_PER_S  # each rank is sampled as the agent samples it
-HANG_TAIL_NS = 40e9  # heartbeats keep coming this long after a hang, then the job is gone
+HANG_TAIL_NS = 40e9  # heartbeats keep coming at least this long after a hang, then stop
+HANG_TAIL_STEPS = 6  # ... and at least this many step times (a timeout of 3 steps sees it)
 MAX_STEPS_AFTER_HANG = 4  # ranks that can still run finish at most this many steps
-
-
-class _Merger:
-    """Items keyed by true time, released in key order once the watermark passes them."""
-
-    def __init__(self) -> None:
-        self._keys: list[np.ndarray] = []
-        self._src: list[np.ndarray] = []
-        self._idx: list[np.ndarray] = []
-        self._objs: dict[int, object] = {}
-        self._n = 0
-
-    def add(self, keys: np.ndarray, obj: object) -> None:
-        """Item i of `obj` has time keys[i]."""
-        if keys.shape[0] == 0:
-            return
-        oid = self._n
-        self._n += 1
-        self._objs[oid] = obj
-        self._keys.append(np.asarray(keys, dtype=np.int64))
-        self._src.append(np.full(keys.shape[0], oid, dtype=np.int64))
-        self._idx.append(np.arange(keys.shape[0], dtype=np.int64))
-
-    def release(self, watermark: float) -> Iterator[tuple[int, object, int]]:
-        """(key, obj, i) of every item with key < watermark, in key order (stable)."""
-        if not self._keys:
-            return
-        keys = np.concatenate(self._keys)
-        src = np.concatenate(self._src)
-        idx = np.concatenate(self._idx)
-        order = np.argsort(keys, kind="stable")
-        keys, src, idx = keys[order], src[order], idx[order]
-        cut = len(keys)
-        if np.isfinite(watermark):
-            cut = int(np.searchsorted(keys, watermark, side="left"))
-        rest = slice(cut, None)
-        self._keys, self._src, self._idx = [keys[rest]], [src[rest]], [idx[rest]]
-        objs = self._objs
-        live = set(np.unique(src[rest]).tolist())
-        head = zip(keys[:cut].tolist(), src[:cut].tolist(), idx[:cut].tolist(), strict=True)
-        for k, o, i in head:
-            yield k, objs[o], i
-        self._objs = {o: objs[o] for o in live}
 
 
 @dataclass
@@ -109,8 +74,14 @@ class ClusterSimulator:
         self.scenario = scenario
         self.topology = topo = Topology(scenario.layout)
         self.costs = costs = CostModel()
-        seeds = np.random.SeedSequence(scenario.seed).spawn(5)
-        self._noise_seed, fault_seed, target_seed, clock_seed, self._host_seed = seeds
+        # children 0-4 as they always were; the conditions' streams come after them, so a
+        # condition changes no other draw of the run
+        seeds = np.random.SeedSequence(scenario.seed).spawn(9)
+        self._noise_seed, fault_seed, target_seed, clock_seed, self._host_seed = seeds[:5]
+        traced_seed, self._workload_seed, target2_seed, fault2_seed = seeds[5:]
+        # (world,) bool of the ranks that report, None: all of them
+        self.traced = traced_mask(scenario.traced, topo, np.random.default_rng(traced_seed))
+        self.hang_tail_ns = max(HANG_TAIL_NS, HANG_TAIL_STEPS * scenario.step_time_s * 1e9)
         self.engine = StepEngine(topo, scenario.microbatches, scenario.chunks, costs)
         self._transfers = transfer_times(topo, costs)
         self.engine.scale = self._calibrate()
@@ -118,22 +89,29 @@ class ClusterSimulator:
         skew = crng.uniform(-1.0, 1.0, topo.n_nodes) * scenario.noise.clock_skew_ms * 1e6
         self.clocks = Clocks(EPOCH_NS, np.rint(skew).astype(np.int64))
         self._phase = crng.uniform(0.0, HEARTBEAT_PERIOD_NS, topo.world)
-        self.plan: FaultPlan | None = None
+        self.plan: FaultPlan | None = None  # the fault of the ground truth
+        self.plans: list[FaultPlan] = []  # and the second, simultaneous one, if any
         if scenario.fault is not None:
             self.plan = plan_fault(
                 scenario.fault, topo, scenario.steps,
                 np.random.default_rng(target_seed), np.random.default_rng(fault_seed),
             )  # fmt: skip
+            self.plans.append(self.plan)
+        if scenario.fault2 is not None and self.plan is not None:
+            self.plans.append(plan_second_fault(
+                scenario.fault2, self.plan, topo, scenario.steps,
+                np.random.default_rng(target2_seed), np.random.default_rng(fault2_seed),
+            ))  # fmt: skip
         self._xfer = self._transfers.total(self.engine.scale)
-        self._xfer_faulty = self._xfer
-        if self.plan is not None and self.plan.link_hit is not None:
-            sev = self.plan.fault.severity
-            self._xfer_faulty = dict(self._xfer)
-            for k, hits in self.plan.link_hit.items():
-                self._xfer_faulty[k] = [
-                    x * np.where(hit, sev, 1.0) for x, hit in zip(self._xfer[k], hits, strict=True)
-                ]
-        self._onset_ts_ns: int | None = None
+        # per link fault, its transfer multiplier of every instance (kind → per stage)
+        self._stretch: list[dict[int, list[np.ndarray]] | None] = [
+            None if p.link_hit is None else {
+                k: [np.where(hit, p.fault.severity, 1.0) for hit in hits]
+                for k, hits in p.link_hit.items()
+            }
+            for p in self.plans
+        ]  # fmt: skip
+        self._onset_ts_ns: list[int | None] = [None] * len(self.plans)
 
     # ------------------------------------------------------------- calibration
     def _calibrate(self) -> float:
@@ -143,9 +121,11 @@ class ClusterSimulator:
         S, W = topo.stage_size, topo.world
         gap = 0.5 * (self.costs.gap_lo_s + self.costs.gap_hi_s) * 1e9
         ones = [np.ones((k, S)) for k in K]
+        stage = stage_factor(self.scenario, topo)  # an imbalance by design is healthy
         inp = StepInputs(
             train=True, checkpoint_ns=0.0, gaps=[np.full((k, S), gap) for k in K], jit=ones,
-            net=ones, main=np.ones(W), dev=np.ones(W), moe=None, xfer=self._transfers.total(1.0),
+            net=ones, main=np.ones(W) if stage is None else stage, dev=np.ones(W), moe=None,
+            xfer=self._transfers.total(1.0),
         )  # fmt: skip
         eng.scale = 1.0
         clock = np.zeros(W)
@@ -154,24 +134,36 @@ class ClusterSimulator:
 
     # -------------------------------------------------------------- the steps
     def _inputs(
-        self, step: int, train: bool, nd: NoiseDraw, K: list[int], host_rng: np.random.Generator
+        self,
+        step: int,
+        train: bool,
+        nd: NoiseDraw,
+        K: list[int],
+        host_rng: np.random.Generator,
+        workload: np.ndarray | None = None,
     ) -> StepInputs:
-        """Noise plus the fault's effect on this step."""
-        topo, plan = self.topology, self.plan
+        """Noise, workload imbalance and the faults' effect on this step."""
+        topo = self.topology
         S, W = topo.stage_size, topo.world
         level = nd.level
         main = nd.data * level
+        if workload is not None:
+            main = main * workload
         dev = np.full(W, level)
         xfer = self._xfer
         stop = hang_dp = None
-        if plan is not None and plan.active(step):
+        for plan, stretch in zip(self.plans, self._stretch, strict=True):
+            if not plan.active(step):
+                continue
             cf = plan.compute_factor(step, W)
             if cf is not None:
                 main = main * cf
                 dev = dev * cf
             fam = plan.family
-            if fam in LINK_FAMILIES:
-                xfer = self._xfer_faulty
+            if stretch is not None:
+                xfer = dict(xfer)
+                for k, mult in stretch.items():
+                    xfer[k] = [x * m for x, m in zip(xfer[k], mult, strict=True)]
             elif fam == "host":
                 # exponential launch delays; mean such that the node's ranks lose about
                 # (severity - 1) of a step in gaps, while compute durations stay normal
@@ -197,21 +189,26 @@ class ClusterSimulator:
         sc, topo, eng = self.scenario, self.topology, self.engine
         noise = NoiseSource(sc.noise, topo, self.costs, np.random.default_rng(self._noise_seed))
         host_rng = np.random.default_rng(self._host_seed)
+        workload = Workload(sc, topo, np.random.default_rng(self._workload_seed))
         clock = np.zeros(topo.world)
         ctr = SeqCounters.fresh(topo.layout.pp)
         last = sc.steps - 1
-        if self.plan is not None and self.plan.family in HANG_FAMILIES:
-            # ranks that can still run keep going past the last step until they block too
-            last = max(last, self.plan.fault.onset_step + MAX_STEPS_AFTER_HANG)
+        for plan in self.plans:
+            if plan.family in HANG_FAMILIES:
+                # ranks that can still run keep going past the last step until they block too
+                last = max(last, plan.fault.onset_step + MAX_STEPS_AFTER_HANG)
         step = 0
         while step <= last:
             train = noise.is_train(step)
             K = [eng.n_ops(s, train, noise.has_checkpoint(step)) for s in range(topo.layout.pp)]
             nd = noise.draw(step, K)
-            rec = eng.run(step, clock, ctr, self._inputs(step, train, nd, K, host_rng))
-            if self.plan is not None and step == self.plan.fault.onset_step:
-                t = rec.hang_ns if rec.hang_ns is not None else float(np.min(rec.t_start))
-                self._onset_ts_ns = EPOCH_NS + int(round(t))
+            inp = self._inputs(step, train, nd, K, host_rng, workload.factor())
+            rec = eng.run(step, clock, ctr, inp)
+            for i, plan in enumerate(self.plans):
+                if step == plan.fault.onset_step:
+                    hang = plan.family in HANG_FAMILIES and rec.hang_ns is not None
+                    t = rec.hang_ns if hang else float(np.min(rec.t_start))
+                    self._onset_ts_ns[i] = EPOCH_NS + int(round(t))  # type: ignore[arg-type]
             yield rec
             if not np.isfinite(clock).any():
                 return
@@ -225,27 +222,29 @@ class ClusterSimulator:
         )
         for rec in self._records():
             if rec.hang_ns is not None:
-                stop = rec.hang_ns + HANG_TAIL_NS
-            built = build_frame(topo, rec, sc.job, self.clocks)
+                stop = rec.hang_ns + self.hang_tail_ns
+            built = build_frame(topo, rec, sc.job, self.clocks, self.traced, sc.comm_only)
             frame, ends = built if built is not None else (None, None)
             hb = None
             if heartbeats:
                 hb = heartbeat_batch(topo, rec, self._phase, HEARTBEAT_PERIOD_NS, stop, cadence)
+                if hb is not None and self.traced is not None:
+                    hb = hb.of_ranks(self.traced)
             live = rec.t_end[np.isfinite(rec.t_end)]
             wm = float(live.min()) if live.size else np.inf
             yield _Step(rec, frame, ends, hb, min(wm, stop))
 
     def _want_heartbeats(self) -> bool:
-        sc = self.scenario
-        return sc.heartbeats or (sc.fault is not None and sc.fault.family in HANG_FAMILIES)
+        return self.scenario.heartbeats or any(p.family in HANG_FAMILIES for p in self.plans)
 
     # ------------------------------------------------------------ public API
     @property
     def truth(self) -> GroundTruth:
         sc, plan = self.scenario, self.plan
-        if plan is not None and self._onset_ts_ns is None:
-            for rec in self._records():  # run the engine up to the onset to time it
-                if rec.step >= plan.fault.onset_step:
+        if self.plans and None in self._onset_ts_ns:
+            onset = max(p.fault.onset_step for p in self.plans)
+            for rec in self._records():  # run the engine up to the onsets to time them
+                if rec.step >= onset:
                     break
         return GroundTruth(
             job=sc.job,
@@ -253,14 +252,34 @@ class ClusterSimulator:
             kind=plan.kind if plan else None,
             culprit=plan.culprit if plan else None,
             onset_step=plan.fault.onset_step if plan else None,
-            onset_ts_ns=self._onset_ts_ns if plan else None,
+            onset_ts_ns=self._onset_ts_ns[0] if plan else None,
             severity=float(plan.fault.severity) if plan else None,
             layout=sc.layout.to_dict(),
             gpus=sc.layout.world,
             steps=sc.steps,
             seed=sc.seed,
             step_time_s=sc.step_time_s,
+            conditions=sc.conditions() or None,
+            culprit_traced=self._culprit_traced(plan),
+            second=self._second_truth(),
         )
+
+    def _second_truth(self) -> dict | None:
+        if len(self.plans) < 2:
+            return None
+        p = self.plans[1]
+        return {"family": p.family, "kind": p.kind, "culprit": p.culprit,
+                "onset_step": p.fault.onset_step, "onset_ts_ns": self._onset_ts_ns[1],
+                "severity": float(p.fault.severity),
+                "culprit_traced": self._culprit_traced(p)}  # fmt: skip
+
+    def _culprit_traced(self, plan: FaultPlan | None) -> bool | None:
+        """Whether a rank of the culprit reports (a rank or node culprit, partial tracing)."""
+        if plan is None or self.traced is None or plan.ranks.size == 0:
+            return None
+        if not plan.culprit.startswith(("rank:", "node:")):
+            return None
+        return bool(self.traced[plan.ranks].any())
 
     def job_start(self) -> JobV1:
         lay = self.scenario.layout
@@ -273,7 +292,7 @@ class ClusterSimulator:
     def run(self) -> Iterator[StepFrame | HeartbeatV1]:
         """Frames (at the true time their last rank reports) and heartbeats, in time order."""
         job, topo, clocks = self.scenario.job, self.topology, self.clocks
-        merger = _Merger()
+        merger = Merger()
         for st in self._steps(self._want_heartbeats()):
             if st.frame is not None and st.ends is not None:
                 merger.add(np.array([st.ends.max()]), [st.frame])
@@ -298,7 +317,7 @@ class ClusterSimulator:
         job, topo, clocks = self.scenario.job, self.topology, self.clocks
         start = self.job_start()
         yield topics.JOBS, job, _job_value(start), EPOCH_NS
-        merger = _Merger()
+        merger = Merger()
         last = 0
         latest_ns = EPOCH_NS  # largest node-clock stamp emitted
 

@@ -97,3 +97,46 @@ def test_eval_rejects_bad_sizes():
     r = runner.invoke(app, ["eval", "--gpus", "4,x"])
     assert r.exit_code != 0
     assert "--gpus" in r.output
+
+
+def test_eval_conditions_add_a_row_and_a_json_part_per_condition(tmp_path):
+    out = tmp_path / "res.json"
+    r = runner.invoke(
+        app,
+        ["eval", "--gpus", "64", "--clean-steps", "0", "--jobs", "1", "--families",
+         "straggler", "--conditions", "base,step30+tp0", "--json", str(out)],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["conditions"] == ["base", "step30+tp0"]
+    for part in doc["by_condition"].values():
+        assert set(part["families"]) == {"straggler"}
+        assert part["overall"]["scenarios"] == 3  # severities 5, 10, 20
+    assert "step30+tp0" in r.output and "straggler" in r.output
+    bad = runner.invoke(app, ["eval", "--conditions", "base,tp9"])
+    assert bad.exit_code != 0 and "unknown condition 'tp9'" in bad.output
+
+
+def test_simulate_exposes_the_real_training_conditions(tmp_path):
+    out = tmp_path / "run.jsonl"
+    r = runner.invoke(
+        app,
+        ["simulate", "--gpus", "64", "--steps", "3", "--traced", "tp0", "--comm-only",
+         "--seq-imbalance", "0.2", "--stage-imbalance", "1.3", "--step-time", "0.5",
+         "--out", str(out)],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    truth = json.loads((tmp_path / "run.truth.json").read_text())
+    assert truth["conditions"] == {"traced": "tp0", "comm_only": True, "seq_imbalance": 0.2,
+                                   "stage_imbalance": 1.3}  # fmt: skip
+    steps = [json.loads(x)["value"] for x in out.read_text().splitlines()
+             if '"flare.steps.v1"' in x]  # fmt: skip
+    assert {v["rank"] % 8 for v in steps} == {0}
+    assert all("compute" not in v["ops"]["kind"] for v in steps)
+    bad = runner.invoke(app, ["simulate", "--traced", "some", "--out", str(out)])
+    assert bad.exit_code == 2 and "traced must be one of" in bad.output
+    r = runner.invoke(app, ["simulate", "--gpus", "64", "--steps", "4", "--fault", "nic",
+                            "--fault2", "straggler", "--out", str(out)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    second = json.loads((tmp_path / "run.truth.json").read_text())["second"]
+    assert second["family"] == "straggler" and second["severity"] == 10.0

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import msgspec
+
 from flare.evaluation import fault_scenarios, run_scenario, score
 from producers.simulator import Fault, Scenario, layout_for_gpus
 from producers.simulator.scenario import GroundTruth
@@ -41,3 +45,111 @@ def test_a_single_node_layout_is_evaluated_on_the_faults_it_can_have():
     slow = next(sc for sc in fault_scenarios([8], 1)
                 if sc.fault and sc.fault.family == "slow_gpu" and sc.fault.severity == 2.0)
     assert run_scenario(slow).top1
+
+
+def test_conditions_parse_combine_and_say_what_is_wrong():
+    import pytest
+
+    from flare.eval_conditions import CONDITION_NAMES, parse_conditions
+
+    assert [c.name for c in parse_conditions("all")] == list(CONDITION_NAMES)
+    assert {"base", "step30", "tp0", "half", "node_dark", "comm_only", "seq", "stage"} <= set(
+        CONDITION_NAMES
+    )
+    (both,) = parse_conditions("step30+tp0")
+    assert both.name == "step30+tp0"
+    assert dict(both.changes) == {"step_time_s": 30.0, "traced": "tp0"}
+    assert [c.name for c in parse_conditions("base, base,tp0")] == ["base", "tp0"]
+    with pytest.raises(ValueError, match="unknown condition 'tp9'"):
+        parse_conditions("base,tp9")
+    with pytest.raises(ValueError, match="both set traced"):
+        parse_conditions("tp0+half")
+
+
+def test_condition_scenarios_remake_the_whole_matrix_with_heartbeats_everywhere():
+    from flare.eval_conditions import condition_scenarios, parse_conditions
+    from flare.evaluation import DEFAULT_FAMILIES, clean_scenarios
+
+    pairs = condition_scenarios(parse_conditions("base,comm_only,node_dark"), [8, 64], 1, 500)
+    by = {}
+    for c, sc in pairs:
+        by.setdefault(c, []).append(sc)
+    base, comm = by["base"], by["comm_only"]
+    assert len(base) == len(comm) and all(sc.heartbeats for sc in base)
+    assert all(sc.comm_only and sc.job.endswith("@comm_only") for sc in comm)
+    assert [replace(sc, job="x", comm_only=False) for sc in comm] == [
+        replace(sc, job="x") for sc in base
+    ]  # the same runs, seeds included: conditions differ by the condition only
+    fams = {sc.fault.family for sc in base if sc.fault}
+    assert fams == set(DEFAULT_FAMILIES) | {"straggler", "flapping_nic"}
+    assert sum(sc.steps for sc in base if sc.fault is None) == sum(
+        sc.steps for sc in clean_scenarios([8, 64], 500)
+    )
+    assert all(sc.layout.world >= 64 for sc in by["node_dark"])  # one node cannot go dark
+
+
+def _truth(culprit: str, traced: bool | None) -> GroundTruth:
+    return GroundTruth(job="j", family="slow_gpu", kind="gpu", culprit=culprit, onset_step=20,
+                       onset_ts_ns=None, severity=1.5, layout={}, gpus=64, steps=40, seed=1,
+                       step_time_s=1.0, culprit_traced=traced)  # fmt: skip
+
+
+def test_an_untraced_culprit_rank_is_found_when_its_rank_or_node_is_named():
+    from flare.evaluation import accepted_culprits
+    from producers.simulator import ClusterSimulator
+
+    sc = Scenario(job="j", layout=layout_for_gpus(64), steps=40, seed=1, traced="tp0",
+                  fault=Fault("slow_gpu", 1.5, 20, "rank:13"))  # fmt: skip
+    sim = ClusterSimulator(sc)
+    ok = accepted_culprits(sim)
+    assert ok == [{"rank:13", "node:node-0001"}]
+    node = _inc("node:node-0001", 22)
+    r = score(sc, _truth("rank:13", False), [node, _inc("node:node-0001", 30)], ok)
+    assert r.top1 and r.top3 and r.false_device == 0 and r.repeats == 1
+    assert r.culprit_traced is False
+    wrong = score(sc, _truth("rank:13", False), [_inc("node:node-0002", 22)], ok)
+    assert not wrong.top1 and wrong.false_device == 1
+    traced = replace(sc, fault=Fault("slow_gpu", 1.5, 20, "rank:8"))
+    assert accepted_culprits(ClusterSimulator(traced)) == [{"rank:8"}]  # traced: the rank only
+    assert not score(traced, _truth("rank:8", True), [_inc("node:node-0001", 22)]).top1
+
+
+def test_condition_results_are_summarized_per_condition_and_a_crash_is_a_result(monkeypatch):
+    from detectors.diagnoser import JobDiagnoser
+    from flare.eval_conditions import condition_scenarios, parse_conditions
+    from flare.evaluation import run_all, summarize_results
+
+    pairs = condition_scenarios(parse_conditions("base,tp0"), [64], 1, 0, ["slow_gpu"])
+    pairs = [(c, sc) for c, sc in pairs if sc.fault and sc.fault.severity == 2.0]
+    results = run_all([sc for _, sc in pairs], jobs=1, conditions=[c for c, _ in pairs])
+    assert [r.condition for r in results] == ["base", "tp0"]
+    doc = summarize_results(results, [64], 1, ["base", "tp0"])
+    assert set(doc["by_condition"]) == {"base", "tp0"}
+    for part in doc["by_condition"].values():
+        assert part["overall"]["scenarios"] == 1 and set(part["families"]) == {"slow_gpu"}
+    assert doc["by_condition"]["base"]["overall"]["top1"] == 1.0
+
+    def boom(self, frame):  # noqa: ANN001
+        raise RuntimeError("detector bug")
+
+    monkeypatch.setattr(JobDiagnoser, "on_frame", boom)
+    (crashed,) = run_all([pairs[0][1]], jobs=1)
+    assert crashed.error.startswith("RuntimeError: detector bug") and not crashed.top1
+    assert summarize_results([crashed], [64], 1)["overall"]["errors"] == 1
+
+
+def test_two_faults_score_either_culprit_first_and_whether_both_were_named():
+    from flare.eval_conditions import condition_scenarios, parse_conditions
+
+    pairs = condition_scenarios(parse_conditions("two_faults"), [64], 1, 500)
+    assert pairs and all(sc.fault is not None for _, sc in pairs)  # no clean runs
+    assert all(sc.fault2 == Fault("slow_gpu", 1.5, sc.fault.onset_step) for _, sc in pairs)
+    sc = pairs[0][1]
+    truth = replace(_truth("rank:5", None), second={"kind": "link", "culprit": "node:node-0003"})
+    ok = [frozenset({"rank:5"}), frozenset({"node:node-0003"})]
+    link = msgspec.structs.replace(_inc("node:node-0003", 21), kind="link")
+    r = score(sc, truth, [link, _inc("rank:5", 23), _inc("rank:5", 30)], ok)
+    assert r.top1 and r.kind_ok and r.found_all and r.two_faults
+    assert r.repeats == 1 and r.false_device == 0
+    only = score(sc, truth, [_inc("rank:5", 22)], ok)
+    assert only.top1 and only.found_all is False

@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 
 from producers.simulator import ClusterSimulator
-from producers.simulator.emit import rank_step, steps_value
+from producers.simulator.emit import build_frame, rank_step, steps_value
 from schemas.decode import decode_heartbeat, decode_job, decode_steps
 from schemas.wire import HeartbeatV1
 from tests.unit.producers.simulator.support import BUSY_NOISE, frames, heartbeats, scenario
@@ -142,3 +142,67 @@ def test_steps_values_are_built_in_the_contract_key_order():
     assert list(value) == ["v", "job", "rank", "node", "local_rank", "step", "t_start_ns",
                            "t_end_ns", "coords", "ops"]
     assert value == rank_step(f, 3).to_wire()  # the wire form and the decoded form agree
+
+
+def _by_rank(sim: ClusterSimulator) -> dict[tuple[int, int], dict]:
+    """(step, rank) → its flare.steps.v1 value."""
+    return {(v["step"], v["rank"]): v for t, _, v, _ in sim.events() if t == "flare.steps.v1"}
+
+
+def test_tp0_emits_only_tp0_ranks_steps_frames_and_heartbeats():
+    sc = scenario(steps=4, noise=BUSY_NOISE, keepalive_s=1.0)
+    full = ClusterSimulator(sc)
+    sim = ClusterSimulator(replace(sc, traced="tp0"))
+    tp0 = set(range(0, 16, 2))  # SMALL has tp=2, tp the fastest index
+    fs = frames(sim)
+    assert [f.step for f in fs] == [0, 1, 2, 3]
+    assert all(set(f.rank.tolist()) == tp0 and f.missing.size == 0 for f in fs)
+    assert {h.rank for h in heartbeats(sim)} == tp0
+    msgs = _by_rank(sim)
+    assert {r for _, r in msgs} == tp0 and all(m["coords"]["tp"] == 0 for m in msgs.values())
+    # nothing else changes: the traced ranks report exactly what they report in a full run
+    everyone = _by_rank(full)
+    assert all(everyone[k] == m for k, m in msgs.items())
+    full_hb = {(h.rank, h.ts_ns): h for h in heartbeats(full)}
+    assert all(full_hb[(h.rank, h.ts_ns)] == h for h in heartbeats(sim))
+
+
+def test_node_dark_and_half_emit_their_subsets_and_only_traced_ranks_go_missing():
+    from producers.simulator import Fault
+
+    sc = scenario(steps=5, fault=Fault("hang_rank", 1.0, 2, "rank:1"))
+    dark = ClusterSimulator(replace(sc, traced="node_dark"))
+    ranks = set(np.flatnonzero(dark.traced).tolist())
+    assert len(ranks) == 12
+    fs = frames(dark)
+    assert all(set(f.rank.tolist()) | set(f.missing.tolist()) <= ranks for f in fs)
+    assert {r for _, r in _by_rank(dark)} <= ranks
+    assert {h.rank for h in heartbeats(dark)} == ranks
+    rec = next(iter(dark._records()))
+    rec.t_end[[0, 5, 9]] = np.inf  # three ranks never finish step 0
+    f, _ = build_frame(dark.topology, rec, "job-a", dark.clocks, dark.traced)
+    assert 5 not in ranks and set(f.missing.tolist()) == {0, 9}  # nobody expects rank 5
+    assert set(f.rank.tolist()) == ranks - {0, 5, 9}
+    half = ClusterSimulator(replace(sc, traced="half"))
+    assert {h.rank for h in heartbeats(half)} == set(np.flatnonzero(half.traced).tolist())
+    assert half.traced.sum() == 8
+
+
+def test_comm_only_has_no_compute_ops_and_the_same_communication():
+    from schemas.rankstep import COMPUTE
+
+    sc = scenario(steps=6, noise=BUSY_NOISE)
+    sim = ClusterSimulator(replace(sc, comm_only=True))
+    fs, full = frames(sim), frames(ClusterSimulator(sc))
+    assert all((f.op_kind != COMPUTE).all() and f.n_ops > 0 for f in fs)
+    msgs = _by_rank(sim)
+    assert all("compute" not in m["ops"]["kind"] for m in msgs.values())
+    everyone = _by_rank(ClusterSimulator(sc))
+    for key, m in msgs.items():
+        ops, all_ops = m["ops"], everyone[key]["ops"]
+        comm = [i for i, k in enumerate(all_ops["kind"]) if k != "compute"]
+        for col in ("name", "group", "seq", "start_ns", "dur_ns", "bytes"):
+            assert ops[col] == [all_ops[col][i] for i in comm], col
+        assert (m["t_start_ns"], m["t_end_ns"]) == (everyone[key]["t_start_ns"],
+                                                    everyone[key]["t_end_ns"])  # fmt: skip
+    assert all(np.array_equal(a.t_end_ns, b.t_end_ns) for a, b in zip(fs, full, strict=True))

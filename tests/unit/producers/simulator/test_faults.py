@@ -133,3 +133,95 @@ def test_comm_hang_blocks_the_dp_group_in_its_collective():
     fs = frames(sim)
     assert all(f.step <= 4 for f in fs)
     assert not any(set(members) & set(f.rank.tolist()) for f in fs if f.step >= 3)
+
+
+def test_a_straggler_is_severely_slow_but_alive():
+    sc = scenario(layout=Layout(tp=2, pp=2, dp=2, gpus_per_node=4), steps=6,
+                  fault=Fault("straggler", 10.0, 2, "rank:3"), noise=Noise.quiet())  # fmt: skip
+    sim = ClusterSimulator(sc)
+    assert (sim.truth.kind, sim.truth.culprit) == ("gpu", "rank:3")
+    fs = frames(sim)
+    assert [f.step for f in fs] == list(range(6))  # every rank finishes every step
+    assert all(f.missing.size == 0 and f.n_ranks == 8 for f in fs)
+    step_s = [float(np.median(f.t_end_ns - f.t_start_ns)) / 1e9 for f in fs]
+    assert step_s[3] > 5 * step_s[1]  # the whole job crawls with it
+    f = fs[3]
+    fwd = np.array(f.names)[f.op_name] == "fwd"
+    ri = f.op_rank_index()
+    ratio = f.op_dur_ns[fwd & (ri == 3)].sum() / f.op_dur_ns[fwd & (ri == 2)].sum()
+    assert np.isclose(ratio, 10.0, rtol=1e-3)
+
+
+def test_flapping_nic_toggles_its_link_fault_at_a_steady_period():
+    lay = Layout(tp=2, pp=2, dp=4, gpus_per_node=4, nodes_per_switch=2)
+    sc = scenario(layout=lay, steps=24, noise=Noise.quiet(),
+                  fault=Fault("flapping_nic", 4.0, 3, "node:node-0001"))  # fmt: skip
+    sim = ClusterSimulator(sc)
+    assert (sim.truth.kind, sim.truth.culprit) == ("link", "node:node-0001")
+    on = np.array([sim.plan.active(s) for s in range(24)])
+    assert not on[:3].any() and on[3]
+    flips = np.flatnonzero(np.diff(on[3:].astype(int))) + 1
+    assert len(flips) >= 3 and len(set(np.diff(flips).tolist())) == 1  # one seeded period
+    assert 2 <= np.diff(flips)[0] <= 5
+
+    def transfer(f: StepFrame, group: str) -> int:
+        """Last arrival to end of the group's first instance."""
+        mine = f.op_group == f.groups.index(group)
+        sel = mine & (f.op_seq == f.op_seq[np.flatnonzero(mine)[0]])
+        start = f.t_start_ns[f.op_rank_index()] - sim.clocks.skew_ns[f.node[f.op_rank_index()]]
+        start = start + f.op_start_ns
+        return int((start + f.op_dur_ns)[sel].max() - start[sel].max())
+
+    xfer = np.array([transfer(f, "dp.0-1") for f in frames(sim)])  # crosses node-0001
+    slow = xfer > 2.0 * xfer[0]
+    assert np.array_equal(slow, on)  # the evidence comes and goes with the fault
+
+
+def test_hang_heartbeats_outlast_a_timeout_of_three_long_steps():
+    sc = scenario(layout=layout_for_gpus(64), steps=6, seed=3, step_time_s=30.0,
+                  fault=Fault("hang_rank", 1.0, 3, "rank:56"), heartbeats=False)  # fmt: skip
+    sim = ClusterSimulator(sc)
+    assert sim.hang_tail_ns == 6 * 30e9 > HANG_TAIL_NS  # 6 step times, not 40 s
+    hbs = heartbeats(sim)
+    onset = sim.truth.onset_ts_ns
+    last = max(h.ts_ns for h in hbs)
+    assert onset + 3 * 30e9 + 30e9 < last  # a 90 s timeout has its heartbeats to fire on
+    assert last < onset + 6 * 30e9 + 1e9
+    late = [h for h in hbs if h.ts_ns > onset + 150e9]
+    assert {h.rank for h in late} == set(range(64))  # every rank keeps beating, stuck
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_second_fault_is_drawn_in_another_group_and_both_act(family):
+    from producers.simulator.faults import fault_nodes
+
+    lay = layout_for_gpus(256)
+    sc = scenario(layout=lay, steps=6, seed=4, fault=Fault(family, SEVERITIES[family][-1], 2),
+                  fault2=Fault("slow_gpu", 2.0, 2))  # fmt: skip
+    sim = ClusterSimulator(sc)
+    first, second = sim.plans
+    assert not fault_nodes(first, sim.topology) & fault_nodes(second, sim.topology)
+    t = sim.truth
+    assert t.culprit == first.culprit and t.family == family
+    assert t.second["culprit"] == second.culprit and t.second["kind"] == "gpu"
+    assert t.second["onset_step"] == 2 and t.second["onset_ts_ns"] > EPOCH_NS
+    assert t.to_dict()["conditions"]["fault2"]["family"] == "slow_gpu"
+    r = int(second.culprit[5:])
+    f = [x for x in frames(sim) if x.step == 2][0]
+    if r in f.rank.tolist():  # (a hang may have stopped the job before the rank finished)
+        fwd = np.array(f.names)[f.op_name] == "fwd"
+        ri = f.op_rank_index()
+        peer = r + 1 if r % 8 != 7 else r - 1
+        i, j = f.rank.tolist().index(r), f.rank.tolist().index(peer)
+        ratio = f.op_dur_ns[fwd & (ri == i)].sum() / f.op_dur_ns[fwd & (ri == j)].sum()
+        assert ratio > 1.8
+
+
+def test_an_explicit_second_fault_in_the_same_group_is_refused():
+    lay = layout_for_gpus(64)
+    with pytest.raises(ValueError, match="must not share a node or DP group"):
+        ClusterSimulator(scenario(layout=lay, fault=Fault("slow_gpu", 1.5, 1, "rank:3"),
+                                  fault2=Fault("slow_gpu", 1.5, 1, "rank:11")))  # fmt: skip
+    ok = ClusterSimulator(scenario(layout=lay, fault=Fault("slow_gpu", 1.5, 1, "rank:3"),
+                                   fault2=Fault("nic", 3.0, 1, "node:node-0005")))  # fmt: skip
+    assert [p.culprit for p in ok.plans] == ["rank:3", "node:node-0005"]

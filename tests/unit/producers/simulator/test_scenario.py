@@ -48,3 +48,45 @@ def test_cadence_fields_are_validated():
         scenario(keepalive_s=-1.0)
     with pytest.raises(ValueError, match="long_op_s must be a finite number"):
         scenario(long_op_s=float("inf"))
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [("traced", "tp1", "traced must be one of all, tp0, half, node_dark"),
+     ("comm_only", 1, "comm_only must be True or False"),
+     ("seq_imbalance", -0.1, r"seq_imbalance must be a number in \[0.0, 2.0\]"),
+     ("seq_imbalance", float("nan"), "seq_imbalance must be a number"),
+     ("stage_imbalance", 0.8, r"stage_imbalance must be a number in \[1.0, 10.0\]"),
+     ("stage_imbalance", True, "stage_imbalance must be a number")],
+)  # fmt: skip
+def test_real_training_conditions_are_validated(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        scenario(**{field: value})
+
+
+def test_conditions_and_their_truth_fields_appear_only_when_set():
+    plain = ClusterSimulator(scenario(fault=Fault("slow_gpu", 1.5, 1, "rank:3")))
+    assert plain.scenario.conditions() == {}
+    assert "conditions" not in plain.truth.to_dict()  # old truth files stay byte-identical
+    assert "culprit_traced" not in plain.truth.to_dict()
+    sc = scenario(traced="tp0", comm_only=True, stage_imbalance=1.3,
+                  fault=Fault("slow_gpu", 1.5, 1, "rank:3"))  # fmt: skip
+    assert sc.conditions() == {"traced": "tp0", "comm_only": True, "stage_imbalance": 1.3}
+    truth = ClusterSimulator(sc).truth.to_dict()
+    assert truth["conditions"] == sc.conditions()
+    assert truth["culprit_traced"] is False  # rank 3 has tp coordinate 1
+
+
+def test_a_single_node_cannot_go_dark():
+    one_node = Layout(tp=2, pp=2, dp=2, gpus_per_node=8)
+    with pytest.raises(ValueError, match="node_dark' needs at least 2 nodes"):
+        ClusterSimulator(scenario(layout=one_node, traced="node_dark"))
+
+
+def test_a_second_fault_needs_a_first_and_one_hang_at_most():
+    with pytest.raises(ValueError, match="fault2 is a second fault: it needs Scenario.fault"):
+        scenario(fault2=Fault("slow_gpu", 1.5, 1))
+    with pytest.raises(ValueError, match="cannot both be hangs"):
+        scenario(fault=Fault("hang_rank", 1.0, 1), fault2=Fault("comm_hang", 1.0, 1))
+    with pytest.raises(ValueError, match="onset_step=4 must be below steps=4"):
+        scenario(fault=Fault("slow_gpu", 1.5, 1), fault2=Fault("slow_gpu", 1.5, 4))
