@@ -72,6 +72,7 @@ def compute_suspects(
     node_x = np.nan_to_num(grouped_median(x, frame.node, n_nodes))
     per_node = counts[frame.node]
     g = np.where(per_node >= 3, x - node_x[frame.node], x)
+    reference = np.where(per_node >= 3, 1, 2)  # what each residual is measured from
     rep = replica_keys(frame)
     if rep is not None:
         keys, n_rep = rep
@@ -82,7 +83,15 @@ def compute_suspects(
         # spread estimate breaks down; then the node is the better reference
         usable = (size >= 3) | ((size == 2) & (n_rep >= 3))
         g = np.where(usable, x - rep_x, g)
-    zg = g / noise.sigma_each("gpu", g, frame.rank, _GPU_SIGMA_FLOOR)
+        reference = np.where(usable, 0, reference)
+    # Each reference has its own noise: a replica cancels data-dependent jitter, a node or
+    # the stage does not. With partial tracing some ranks lose their replica; judged by the
+    # replicas' tight spread, their ordinary data jitter would look like a slow GPU.
+    zg = np.zeros_like(g)
+    for ref_kind in np.unique(reference).tolist():
+        m = reference == ref_kind
+        family = ("gpu", "gpu_vs_node", "gpu_vs_stage")[ref_kind]
+        zg[m] = g[m] / noise.sigma_each(family, g[m], frame.rank[m], _GPU_SIGMA_FLOOR)
     for i in np.flatnonzero(zg >= Z_REPORT):
         out.add(
             f"rank:{int(frame.rank[i])}",
@@ -93,6 +102,7 @@ def compute_suspects(
         )
     multi = counts >= 2
     if multi.sum() >= 3:
+        node_x = np.nan_to_num(grouped_median(x - _data_share(frame, x), frame.node, n_nodes))
         sn = noise.sigma("node", node_x[multi], _NODE_SIGMA_FLOOR)
         zn = np.where(multi, node_x / sn, 0.0)
         node_basis = grouped_median(basis, frame.node, n_nodes)
@@ -104,3 +114,19 @@ def compute_suspects(
                 node_basis[n] * (1 - np.exp(-node_x[n])),
                 f"compute ×{np.exp(node_x[n]):.2f} on all {counts[n]} ranks",
             )
+
+
+def _data_share(frame: StepFrame, x: np.ndarray) -> np.ndarray:
+    """(R,) the part of each rank's log compute ratio its data replica explains.
+
+    Sequence lengths differ between data-parallel replicas (and some replicas stay heavier):
+    every pipeline stage of a replica then computes longer by the same factor, while a slow
+    node slows only its own stage. The median over a replica's ranks in all stages is that
+    data factor; with fewer than three stages a slow node would be too much of that median,
+    so nothing is removed.
+    """
+    pp, dp = frame.coord("pp"), frame.coord("dp")
+    if frame.n_ranks == 0 or (pp < 0).any() or (dp < 0).any() or np.unique(pp).size < 3:
+        return np.zeros_like(x)
+    uniq, inv = np.unique(dp, return_inverse=True)
+    return grouped_median(x, inv.astype(np.int64), int(uniq.size))[inv]

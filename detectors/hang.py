@@ -201,6 +201,11 @@ class HangDetector(Stateful):
         name, start, step = info[key]
         stuck_s = (now_ns - start) / NS_PER_S
         if full and self._untraced(key[0]):
+            if (self.moved >= now_ns - limit).any():
+                # the member it waits for is not traced, so its progress cannot be seen; a
+                # hang stops the whole job within a step or two, so while any rank still
+                # moves (a pipeline warm-up, membership not learnt yet) it is only a wait
+                return None
             return self._untraced_finding(key, stuck[key], name, step, stuck_s)
         if not full:
             if now_ns - start < 2 * limit:

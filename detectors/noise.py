@@ -62,7 +62,10 @@ class NoiseMemory(Stateful):
             stride = v.size // _POOL_SAMPLE + 1
             v = v[::stride]
             i = None if i is None else i[::stride]
-        h.append((v - np.median(v) if v.size else v, i))
+        # Centre each step on its own median (a job-wide wobble is not noise), except when
+        # it has fewer than three values: one value minus its own median is always 0, and a
+        # family of lone ranks (partial tracing) would then have no spread at all.
+        h.append((v - np.median(v) if v.size >= 3 else v, i))
         return h
 
     def sigma(self, family: str, values: np.ndarray, floor: float) -> float:
