@@ -168,3 +168,14 @@ def test_a_fully_traced_group_inside_one_op_is_still_a_communication_hang():
             d.observe(hb(r, t, [("tp.0", "all_reduce", 40, 1.0)]))
     f = d.check(int(29 * S))
     assert f is not None and f.culprit == "group:tp.0"
+
+
+def test_an_untraced_wait_is_no_hang_while_the_job_still_moves():
+    # a pipeline warm-up on long steps: rank 1's first recv waits on a sender that is not
+    # known yet, while rank 0 keeps entering new ops
+    d = HangDetector(timeout_s=10)
+    d.learn_layout({"tp": 1})
+    for t in range(30):
+        d.observe(hb(1, t, [("pp.0-1", "recv", 0, 0.0)]))
+        d.observe(hb(0, t, [("dp.0", "all_reduce", t, float(t))]))
+    assert d.check(int(29 * S)) is None

@@ -61,3 +61,13 @@ def test_missing_values_are_left_out_and_get_a_sigma_anyway():
     v = np.array([0.1, np.nan, -0.2, 0.05, 0.3])
     s = mem.sigma_each("gpu", v, np.arange(5), 0.004)
     assert s.shape == (5,) and np.all(np.isfinite(s)) and np.all(s >= 0.004)
+
+
+def test_a_family_of_one_value_per_step_keeps_its_spread():
+    # a lone rank (partial tracing) is the only member of its family each step: re-centring
+    # one value on its own median would leave σ at the floor and make jitter look like a fault
+    mem = NoiseMemory()
+    rng = np.random.default_rng(3)
+    for _ in range(10):
+        s = mem.sigma("gpu_vs_stage", rng.normal(0.0, 0.03, 1), 0.004)
+    assert s > 0.01

@@ -1,0 +1,54 @@
+"""Compute suspects: a slow GPU or node stands out; a heavier data replica does not."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from detectors.candidates import Candidates
+from detectors.compute_suspects import compute_ratio, compute_suspects
+from detectors.features import step_features
+from detectors.noise import NoiseMemory
+from detectors.peers import stage_keys
+from detectors.testing import frame_of, rank_step
+
+
+def _job(steps: int, factor, seed: int = 0):
+    """4 stages × 4 data replicas × tp 2: one node per (stage, replica), 2 ranks each.
+    `factor(pp, dp)` multiplies that node's compute; 1% jitter."""
+    rng = np.random.default_rng(seed)
+    for s in range(steps):
+        msgs = []
+        for pp in range(4):
+            for dp in range(4):
+                for tp in range(2):
+                    r = pp * 8 + dp * 2 + tp
+                    c = 10.0 * factor(pp, dp) * (1 + 0.01 * rng.standard_normal())
+                    msgs.append(rank_step(r, f"n{pp}-{dp}", s, [
+                        ("compute", "fwd", "", 0, 0.0, c, 0),
+                        ("coll", "all_reduce", f"tp.{pp}-{dp}", s, c, 1.0, 1 << 20)],
+                        coords={"tp": tp, "pp": pp, "dp": dp}))
+        yield frame_of(msgs)
+
+
+def _nodes_flagged(factor, steps: int = 12) -> set[str]:
+    """Nodes that are `node` suspects in most steps (a single step's suspects include noise:
+    the evidence tracker, not one step, opens incidents)."""
+    noise, hits = NoiseMemory(), Counter[str]()
+    for frame in _job(steps, factor):
+        feats = step_features(frame)
+        out = Candidates()
+        compute_suspects(frame, feats, compute_ratio(frame, feats, stage_keys(frame)),
+                         noise, out)
+        hits.update(e for e, k in zip(out.entity, out.kind, strict=True) if k == "node")
+    return {e for e, n in hits.items() if n > steps // 2}
+
+
+def test_a_slow_node_in_one_stage_is_a_node_suspect():
+    assert _nodes_flagged(lambda pp, dp: 1.3 if (pp, dp) == (2, 1) else 1.0) == {"node:n2-1"}
+
+
+def test_a_data_replica_heavier_in_every_stage_is_workload_not_a_node():
+    # sequence lengths: replica 1 carries 30% more tokens through all four stages
+    assert _nodes_flagged(lambda pp, dp: 1.3 if dp == 1 else 1.0) == set()
