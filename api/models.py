@@ -56,7 +56,7 @@ class StepPoint(BaseModel):
     step_time_s: Num
     baseline_s: Num
     delta: Num
-    irregular: str = Field(description="normal | spike | persistent | fluctuation | pause | warmup")
+    irregular: str = Field(description="warmup | normal | spike | fluctuation | persistent")
     level_shift: bool
     n_ranks: int
     n_missing: int

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from schemas.steps_message import steps_message
+
 COMPUTE = 0
 COLL = 1
 P2P = 2
@@ -46,26 +48,12 @@ class RankStep:
         return int(self.kind.shape[0])
 
     def to_wire(self) -> dict:
-        """The v1 JSON object of this step (what producers publish)."""
-        msg: dict = {
-            "v": 1,
-            "job": self.job,
-            "rank": self.rank,
-            "node": self.node,
-            "local_rank": self.local_rank,
-            "step": self.step,
-            "t_start_ns": self.t_start_ns,
-            "t_end_ns": self.t_end_ns,
-        }
-        if self.coords:
-            msg["coords"] = dict(self.coords)
-        msg["ops"] = {
-            "kind": [OP_KINDS[k] for k in self.kind.tolist()],
-            "name": list(self.name),
-            "group": list(self.group),
-            "seq": self.seq.tolist(),
-            "start_ns": self.start_ns.tolist(),
-            "dur_ns": self.dur_ns.tolist(),
-            "bytes": self.bytes.tolist(),
-        }
-        return msg
+        """The v1 JSON object of this step (what producers publish), from the one builder."""
+        return steps_message(
+            job=self.job, rank=self.rank, node=self.node, step=self.step,
+            t_start_ns=self.t_start_ns, t_end_ns=self.t_end_ns,
+            kind=[OP_KINDS[k] for k in self.kind.tolist()], name=list(self.name),
+            group=list(self.group), seq=self.seq.tolist(), start_ns=self.start_ns.tolist(),
+            dur_ns=self.dur_ns.tolist(), bytes=self.bytes.tolist(),
+            local_rank=self.local_rank, coords=dict(self.coords) if self.coords else None,
+        )

@@ -136,7 +136,7 @@ SAMPLE_JOB = "team/gpt-r7"  # a job id with a slash: routes must still find it
 def load_sample(sink: Sink | MemoryStore) -> None:
     """Three jobs, written and flushed. SAMPLE_JOB: 60 steps, rank 1 slow from step 30 (an
     open gpu incident), a spike at 45 and an old resolved link incident; "quiet": 10 steps
-    ending in a pause; "many": 3 steps and 7 resolved incidents (two opened at step 100)."""
+    ending in a spike; "many": 3 steps and 7 resolved incidents (two opened at step 100)."""
     for step in range(60):
         slow = step >= 30
         sink.add_report(make_report(
@@ -146,7 +146,7 @@ def load_sample(sink: Sink | MemoryStore) -> None:
             detections=[Detection("rank:1", "gpu", 6.0, 0.2)] if slow else [],
         ))
     for step in range(10):
-        sink.add_report(make_report("quiet", step, irregular="pause" if step == 9 else "normal"))
+        sink.add_report(make_report("quiet", step, irregular="spike" if step == 9 else "normal"))
     for step in range(3):
         sink.add_report(make_report("many", step))
     sink.add_incident(make_incident(SAMPLE_JOB, onset_step=30, opened_step=33, last_step=59))

@@ -18,7 +18,7 @@ def test_jobs_with_their_health(client: TestClient, problem) -> None:
     assert jobs[JOB]["health"] == "incident" and jobs[JOB]["open_incidents"] == 1
     assert jobs[JOB]["incidents"] == 2 and jobs[JOB]["last_step"] == 59
     assert jobs[JOB]["step_time_s"] == 1.2 and jobs[JOB]["delta"] == 1.2
-    assert jobs["quiet"]["health"] == "irregular" and jobs["quiet"]["irregular"] == "pause"
+    assert jobs["quiet"]["health"] == "irregular" and jobs["quiet"]["irregular"] == "spike"
     assert jobs["many"]["health"] == "ok" and jobs["many"]["incidents"] == 7
     assert client.get(f"/v1/jobs/{JOB}").json() == jobs[JOB]
     page = client.get("/v1/jobs", params={"limit": 1, "offset": 1}).json()
@@ -40,7 +40,7 @@ def test_step_series_pages_forward_and_shows_the_newest_by_default(
     assert [s["step"] for s in page["steps"]] == [40, 41, 42, 43] and page["next_from_step"] == 44
     last = client.get(url, params={"from_step": 48, "to_step": 49, "limit": 4}).json()
     assert [s["step"] for s in last["steps"]] == [48, 49] and last["next_from_step"] is None
-    spikes = client.get(url, params={"irregular": ["spike", "pause"]}).json()["steps"]
+    spikes = client.get(url, params={"irregular": ["spike", "fluctuation"]}).json()["steps"]
     assert [(s["step"], s["irregular"]) for s in spikes] == [(45, "spike")]
     problem(client.get("/v1/jobs/nope/steps"), 404)
     problem(client.get(url, params={"from_step": 9, "to_step": 3}), 422)
