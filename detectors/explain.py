@@ -63,6 +63,13 @@ def rank_label(frame: StepFrame, rank: int) -> str:
     return f"rank {rank} ({', '.join(parts)})"
 
 
+# Without compute ops the idle gaps between collectives stand for the compute (a slow GPU and
+# a starved host both lengthen them), so the kind of a device fault is a best guess.
+COMM_ONLY_NOTE = (
+    " (communication-only logs: a slow GPU and a starved host look alike; the kind is a guess)"
+)
+
+
 def summarize(
     kind: str,
     entity: str,
@@ -73,6 +80,21 @@ def summarize(
     ratio: np.ndarray,
 ) -> str:
     """The incident's summary line at the step that opened it."""
+    text = _describe(kind, entity, detail, excess_s, frame, feats, ratio)
+    if not feats.has_compute and kind in ("gpu", "node", "host"):
+        text += COMM_ONLY_NOTE
+    return text
+
+
+def _describe(
+    kind: str,
+    entity: str,
+    detail: str,
+    excess_s: float,
+    frame: StepFrame,
+    feats: StepFeatures,
+    ratio: np.ndarray,
+) -> str:
     cost = f"+{excess_s:.2f} s per step"
     _, _, name = entity.partition(":")
     if kind == "gpu" and entity.startswith("node:"):

@@ -1,0 +1,31 @@
+"""Incident summaries: the numbers an SRE acts on, and what the data cannot tell."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.explain import COMM_ONLY_NOTE, summarize
+from detectors.features import step_features
+from detectors.testing import frame_of, rank_step
+
+
+def _frame(with_compute: bool):
+    def ops(r: int):
+        gap = 30.0 if r == 2 else 10.0
+        out = [("compute", "fwd", "", 0, 0.0, gap, 0)] if with_compute else []
+        return out + [("coll", "all_reduce", "tp.0", 1, gap, 45.0 - gap, 1 << 20)]
+    return frame_of([rank_step(r, f"n{r // 2}", 0, ops(r)) for r in range(4)])
+
+
+def test_communication_only_summaries_say_the_kind_is_a_guess():
+    frame = _frame(with_compute=False)
+    text = summarize("host", "node:n1", "idle ×3.0", 0.02, frame, step_features(frame),
+                     np.ones(4))
+    assert text.endswith(COMM_ONLY_NOTE)
+
+
+def test_summaries_with_compute_ops_make_no_such_caveat():
+    frame = _frame(with_compute=True)
+    text = summarize("gpu", "rank:2", "compute ×3.00", 0.02, frame, step_features(frame),
+                     np.array([1.0, 1.0, 3.0, 1.0]))
+    assert "rank 2" in text and COMM_ONLY_NOTE not in text
