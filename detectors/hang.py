@@ -206,6 +206,13 @@ class HangDetector(Stateful):
                 # hang stops the whole job within a step or two, so while any rank still
                 # moves (a pipeline warm-up, membership not learnt yet) it is only a wait
                 return None
+            # A pipeline recv is posted before its data is due, so it is often the oldest wait
+            # without being the first one to stop: the oldest stuck collective says more
+            colls = [k for k in full if self._untraced(k[0]) and not k[0].startswith("pp.")]
+            if colls:
+                key = min(colls, key=lambda k: info[k][1])
+                name, start, step = info[key]
+                stuck_s = (now_ns - start) / NS_PER_S
             return self._untraced_finding(key, stuck[key], name, step, stuck_s)
         if not full:
             if now_ns - start < 2 * limit:
@@ -234,12 +241,14 @@ class HangDetector(Stateful):
     ) -> HangFinding:
         """Every traced member of the group waits; the one it waits for is not traced.
 
-        The narrowest entity the data supports: the node of the traced members when they
-        share one (TP groups live inside a node), else the group itself.
+        The narrowest entity the data supports: for a tensor-parallel group (it lives inside
+        a node) the node of its traced members; for a group across nodes (a pipeline pair, a
+        data-parallel ring) the group itself, since the untraced member may be on any node.
         """
         group = key[0]
         nodes = {self.last[r].node for r in inside if r in self.last}
-        culprit = f"node:{nodes.pop()}" if len(nodes) == 1 else f"group:{group}"
+        local = len(nodes) == 1 and group.startswith("tp.")
+        culprit = f"node:{nodes.pop()}" if local else f"group:{group}"
         traced = ", ".join(str(r) for r in sorted(inside)[:4])
         return HangFinding(
             culprit=culprit,

@@ -179,3 +179,18 @@ def test_an_untraced_wait_is_no_hang_while_the_job_still_moves():
         d.observe(hb(1, t, [("pp.0-1", "recv", 0, 0.0)]))
         d.observe(hb(0, t, [("dp.0", "all_reduce", t, float(t))]))
     assert d.check(int(29 * S)) is None
+
+
+def test_an_older_pipeline_recv_does_not_outrank_the_stuck_collective():
+    # partial tracing: rank 5 has waited in a pipeline recv since second 1 (posted early, as
+    # recvs are); rank 0, the only traced member of tp.0 (size 4), sits in an all_reduce
+    # since second 3: the collective says where the untraced rank stopped
+    d = HangDetector(timeout_s=10)
+    d.learn_layout({"tp": 4})
+    d.learn_members("tp.0", {0})
+    d.learn_members("pp.5-9", {5})
+    for t in range(40):
+        d.observe(hb(0, t, [("tp.0", "all_reduce", 40, 3.0)]))
+        d.observe(hb(5, t, [("pp.5-9", "recv", 7, 1.0)]))
+    f = d.check(int(39 * S))
+    assert f is not None and f.culprit == "node:n0", f.culprit
