@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]  # ships no type information
 from pydantic import SecretStr
 
 DEFAULT_DATABASE = "flare"

