@@ -1,4 +1,5 @@
-"""Integration tier: the real broker (tansu, one per session) and real worker processes.
+"""Integration tier: the real broker (tansu, one per session), real worker processes, and
+the real ClickHouse engine (chDB, one migrated database per test module).
 
 Every test uses its own job ids and consumer group, so tests share the session's broker
 without seeing each other's results (a worker reads the whole topic, but only the test's
@@ -18,12 +19,33 @@ import pytest
 from flare.local import processes
 from flare.local.broker import TansuBroker, free_port, start_tansu
 from flare.local.processes import WorkerProcess
+from storage.client import ClickHouse, connect
+from storage.migrations import apply_schema
+from storage.tables import TABLES
 from streams.kafka.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 4
 
 __all__ = ["PARTITIONS", "ROOT", "WorkerProcess", "unique", "wait_for"]
+
+
+@pytest.fixture(scope="module")
+def db(request: pytest.FixtureRequest,
+       tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouse]:
+    """A migrated chDB database for the module, named by the module's `DB`."""
+    client = connect(f"chdb://{tmp_path_factory.mktemp('chdb')}?database={request.module.DB}")
+    apply_schema(client)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def clean(db: ClickHouse) -> ClickHouse:
+    """The module's database with every table emptied."""
+    for table in TABLES:
+        db.command(f"TRUNCATE TABLE {db.table(table.name)}")
+    return db
 
 
 @pytest.fixture(scope="session")

@@ -5,34 +5,17 @@ API in test_api_routes.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from storage.client import ClickHouse, connect
-from storage.migrations import apply_schema
+from storage.client import ClickHouse
 from storage.reader import Queries
-from storage.tables import TABLES
 from storage.testing import make_dead_letter, make_report
 from storage.writer import Sink
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouse]:
-    client = connect(f"chdb://{tmp_path_factory.mktemp('chdb')}?database=test_reader")
-    apply_schema(client)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def clean(db: ClickHouse) -> ClickHouse:
-    for table in TABLES:
-        db.command(f"TRUNCATE TABLE {db.table(table.name)}")
-    return db
+DB = "test_reader"
 
 
 def test_queries_bind_parameters_safely(clean: ClickHouse) -> None:

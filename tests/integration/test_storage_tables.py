@@ -3,24 +3,13 @@ the table's columns, in order, with the types `system.columns` reports, and its 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from storage.client import ClickHouse, connect
-from storage.migrations import apply_schema
+from storage.client import ClickHouse
 from storage.tables import TABLES, Table
 
 pytestmark = pytest.mark.integration
 DB = "test_tables"
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouse]:
-    client = connect(f"chdb://{tmp_path_factory.mktemp('chdb')}?database={DB}")
-    apply_schema(client)
-    yield client
-    client.close()
 
 
 @pytest.mark.parametrize("table", TABLES, ids=lambda t: t.name)

@@ -3,36 +3,18 @@ round-trip through one INSERT per table, re-deliveries replace rows, failures ke
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import msgspec
 import pytest
 
 from schemas.report import Detection
-from storage.client import ClickHouse, StorageError, connect
-from storage.migrations import apply_schema, statements
+from storage.client import ClickHouse, StorageError
+from storage.migrations import statements
 from storage.reader import Queries
-from storage.tables import TABLES
 from storage.testing import make_dead_letter, make_frame, make_incident, make_report, step_ts
 from storage.writer import Sink
 
 pytestmark = pytest.mark.integration
 DB = "test_storage"
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouse]:
-    client = connect(f"chdb://{tmp_path_factory.mktemp('chdb')}?database={DB}")
-    apply_schema(client)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def clean(db: ClickHouse) -> ClickHouse:
-    for table in TABLES:
-        db.command(f"TRUNCATE TABLE {db.table(table.name)}")
-    return db
 
 
 def count(db: ClickHouse, table: str, final: bool = True) -> int:

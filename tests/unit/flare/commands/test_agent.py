@@ -4,36 +4,17 @@ prints the recorded-stream lines it would publish."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import orjson
-import pytest
 
 from producers.torch_hook.buffer import OpLog, RankMeta
 from producers.torch_hook.client import AgentClient
 from schemas import topics
 from schemas.decode import decode_heartbeat
-
-
-@pytest.fixture
-def sock_path():
-    d = Path(tempfile.mkdtemp(prefix="flare-", dir="/tmp"))  # short: Unix socket paths are
-    yield d / "a.sock"                                        # limited to ~100 bytes
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def _wait_for(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def test_agent_command_rejects_a_keepalive_past_the_hang_timeout():
@@ -50,7 +31,7 @@ def test_agent_command_rejects_a_keepalive_past_the_hang_timeout():
     assert res.exit_code == 2 and "must stay below the 10 s hang timeout" in text
 
 
-def test_flare_agent_command_dry_run(sock_path):
+def test_flare_agent_command_dry_run(sock_path, eventually):
     """`flare agent --dry-run` serves the socket and prints recorded-stream lines."""
     code = ("import typer; from flare.commands import agent; app = typer.Typer(); "
             "agent.register(app); app.command('noop')(lambda: None); app()")
@@ -59,7 +40,7 @@ def test_flare_agent_command_dry_run(sock_path):
     proc = subprocess.Popen([sys.executable, "-c", code, "agent", "--dry-run"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        _wait_for(sock_path.exists, 30)
+        eventually(sock_path.exists, 30)
         meta = RankMeta("job-cli", 0, "", 0, 1)
         client = AgentClient(sock_path, lambda: meta, OpLog().inflight, interval_s=0.05)
         client.start()

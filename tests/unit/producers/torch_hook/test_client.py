@@ -3,61 +3,33 @@ who it is only after the hook started (the usual order: install, then init_proce
 
 from __future__ import annotations
 
-import asyncio
-import shutil
-import tempfile
-import threading
 import time
 from pathlib import Path
 
-from producers.agent.core import AgentCore
-from producers.agent.outbox import Outbox
-from producers.agent.server import AgentDaemon
-from producers.testing import MemoryPublisher
 from producers.torch_hook.buffer import COLL, OpLog, RankMeta
 from producers.torch_hook.client import AgentClient
 from schemas import topics
 from schemas.decode import decode_steps
 
 
-def _wait_for(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
-
-
-def test_the_first_step_is_sent_when_identity_comes_after_the_hook_started():
-    d = Path(tempfile.mkdtemp(prefix="flare-", dir="/tmp"))  # Unix socket paths are short
-    sock = d / "a.sock"
-    pub = MemoryPublisher()
-    daemon = AgentDaemon(AgentCore("node-x"), Outbox(pub, flush_every_s=0.05), sock,
-                         interval_s=0.05)
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    thread = threading.Thread(target=lambda: loop.run_until_complete(daemon.serve(stop)))
-    thread.start()
+def test_the_first_step_is_sent_when_identity_comes_after_the_hook_started(
+        agent, sock_path, eventually):
     identity: list[RankMeta] = []
     log = OpLog()
     # a long reconnect pause: a connection attempt spent before the rank had an identity
     # would keep the first step from being sent for the whole pause
-    client = AgentClient(sock, lambda: identity[0] if identity else None, log.inflight,
+    client = AgentClient(sock_path, lambda: identity[0] if identity else None, log.inflight,
                          interval_s=0.02, retry_s=30.0)
-    try:
-        _wait_for(sock.exists)
-        client.start()
-        time.sleep(0.2)  # several in-flight tables are due while the rank is anonymous
-        identity.append(RankMeta("job-f", 3, "node-x", 3, 4))
-        row = log.begin(COLL, "all_reduce", "dp.0", 0, 64)
-        log.end(row)
-        client.submit(log.cut())
-        _wait_for(lambda: pub.on(topics.STEPS))
-        client.close(5)
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)
-        shutil.rmtree(d, ignore_errors=True)
+    pub = agent.pub
+    eventually(sock_path.exists)
+    client.start()
+    time.sleep(0.2)  # several in-flight tables are due while the rank is anonymous
+    identity.append(RankMeta("job-f", 3, "node-x", 3, 4))
+    row = log.begin(COLL, "all_reduce", "dp.0", 0, 64)
+    log.end(row)
+    client.submit(log.cut())
+    eventually(lambda: pub.on(topics.STEPS))
+    client.close(5)
     steps = [decode_steps(v) for t, _k, v in pub.messages if t == topics.STEPS]
     assert [(s.rank, s.step) for s in steps] == [(3, 0)]
     assert client.stats.dropped_steps == 0
