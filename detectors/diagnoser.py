@@ -112,6 +112,7 @@ class JobDiagnoser(Stateful):
                 sizes = {"tp": lay.tp or 0, "dp": lay.dp or 0, "ep": lay.ep or 0}
                 self.hang.learn_layout(sizes)
                 self.topology.group_size = {k: v for k, v in sizes.items() if v > 1}
+                self.topology.world = ev.world_size or 0
             if ev.nodes:
                 self.topology.switch_of = {n.node: n.switch for n in ev.nodes if n.switch}
                 self.placement.switch_of_node = self.topology.switch_of

@@ -55,6 +55,7 @@ class Topology:
 
     switch_of: dict[str, str] = field(default_factory=dict)
     group_size: dict[str, int] = field(default_factory=dict)  # members per group kind (layout)
+    world: int = 0  # ranks in the job (start event); fewer reporting means partial tracing
 
 
 def transfer_reference(inst: Instances) -> np.ndarray:

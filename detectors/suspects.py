@@ -67,5 +67,6 @@ def step_suspects(
     compute_suspects(frame, feats, ratio, noise, out)
     host_suspects(frame, feats, stages, noise, out)
     network_suspects(frame, feats, topo, ref, out)
-    untraced_suspects(frame, feats, topo.group_size, stages, noise, out)
+    if frame.n_ranks < topo.world:  # only a partially traced job has untraced members
+        untraced_suspects(frame, feats, topo.group_size, stages, noise, out)
     return out
