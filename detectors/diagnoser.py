@@ -48,6 +48,7 @@ from detectors.peers import stage_keys
 from detectors.reconcile import Placement, covering
 from detectors.rows import group_rows, rank_rows
 from detectors.suspects import step_suspects
+from detectors.untraced_suspects import WaitHistory, untraced_home
 from schemas.frame import StepFrame
 from schemas.rankstep import RankStep
 from schemas.report import Detection, DiagnoserOutput, StepReport
@@ -69,6 +70,7 @@ class JobDiagnoser(Stateful):
         self.hang = HangDetector(timeout_s=s.hang_timeout_s)
         self.topology = Topology()
         self.noise = NoiseMemory()
+        self.waits = WaitHistory()
         self.placement = Placement(switch_of_node=self.topology.switch_of)
         self.now_ns = 0  # stream time of every message (hang timeouts)
         self.steps_ns = 0  # stream time of step messages only (grace periods)
@@ -114,6 +116,7 @@ class JobDiagnoser(Stateful):
                 self.topology.group_size = {k: v for k, v in sizes.items() if v > 1}
                 self.topology.world = ev.world_size or 0
             if ev.nodes:
+                self.topology.nodes = tuple(n.node for n in ev.nodes)
                 self.topology.switch_of = {n.node: n.switch for n in ev.nodes if n.switch}
                 self.placement.switch_of_node = self.topology.switch_of
             self.now_ns = max(self.now_ns, ev.ts_ns)
@@ -133,8 +136,9 @@ class JobDiagnoser(Stateful):
 
     def _check_hang(self) -> DiagnoserOutput:
         out = DiagnoserOutput()
-        timeout = max(self.config.hang_timeout_s,
-                      self.config.hang_timeout_steps * self._baseline_s())
+        timeout = max(
+            self.config.hang_timeout_s, self.config.hang_timeout_steps * self._baseline_s()
+        )
         finding = self.hang.check(self.now_ns, timeout)
         if finding is not None and self._hang_incident() is None:
             inc = self.book.open_incident(
@@ -170,6 +174,7 @@ class JobDiagnoser(Stateful):
         self.world = max(self.world, frame.n_ranks + int(frame.missing.size))
         # where an idle stopped rank is: a step is assembled long before a hang timeout
         self.hang.steps_done(frame.rank, frame.step, frame.t_end_ns)
+        self.hang.untraced_home = untraced_home(frame, self.topology)
         feats = step_features(frame)
         if self.steps_seen <= 3 or self.steps_seen % _MEMBERSHIP_EVERY == 0:
             self._learn_membership(frame, feats)
@@ -183,7 +188,9 @@ class JobDiagnoser(Stateful):
         stages = stage_keys(frame)
         ratio = compute_ratio(frame, feats, stages)
         ref = transfer_reference(feats.inst)
-        cands = step_suspects(frame, feats, ratio, self.topology, ref, self.noise, stages)
+        cands = step_suspects(
+            frame, feats, ratio, self.topology, ref, self.noise, stages, self.waits
+        )
         keep = {(culprit, kind) for kind, culprit in self.book.open}  # tracker keys
         confirmed = self.tracker.update(
             frame.step, cands.entity, cands.kind, cands.z, cands.excess_s, cands.detail, keep

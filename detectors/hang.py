@@ -66,6 +66,7 @@ class HangDetector(Stateful):
         self.done = np.full(0, -1, dtype=np.int64)  # per rank: newest step it finished
         self.moved = np.full(0, -1, dtype=np.int64)  # per rank: stream ns of its last progress
         self.group_size: dict[str, int] = {}  # members per group kind, from the job's layout
+        self.untraced_home: str | None = None  # the one node all untraced ranks are on, if any
         self._last_check_ns = 0
 
     def _grow(self, top: int) -> None:
@@ -105,8 +106,11 @@ class HangDetector(Stateful):
                 # repeats the same state says only that its agent is alive). It moved when
                 # it entered its newest op, which the agent publishes only once the op is
                 # long: dating the move by the op's start keeps hang latency off that lag.
-                new = [op.start_ns for op in hb.inflight if old is None
-                       or (op.group, op.seq) not in old[1]]
+                new = [
+                    op.start_ns
+                    for op in hb.inflight
+                    if old is None or (op.group, op.seq) not in old[1]
+                ]
                 at = max(new) if new and state[0] == (old[0] if old else state[0]) else hb.ts_ns
                 self._grow(hb.rank + 1)
                 self.moved[hb.rank] = max(int(self.moved[hb.rank]), at)
@@ -243,12 +247,17 @@ class HangDetector(Stateful):
 
         The narrowest entity the data supports: for a tensor-parallel group (it lives inside
         a node) the node of its traced members; for a group across nodes (a pipeline pair, a
-        data-parallel ring) the group itself, since the untraced member may be on any node.
+        data-parallel ring) the node every untraced rank is on when there is one (a node whose
+        agent is down), else the group itself, since the untraced member may be on any node.
         """
         group = key[0]
         nodes = {self.last[r].node for r in inside if r in self.last}
-        local = len(nodes) == 1 and group.startswith("tp.")
-        culprit = f"node:{nodes.pop()}" if local else f"group:{group}"
+        if len(nodes) == 1 and group.startswith("tp."):
+            culprit = f"node:{nodes.pop()}"
+        elif self.untraced_home is not None:
+            culprit = f"node:{self.untraced_home}"
+        else:
+            culprit = f"group:{group}"
         traced = ", ".join(str(r) for r in sorted(inside)[:4])
         return HangFinding(
             culprit=culprit,

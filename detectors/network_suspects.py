@@ -54,6 +54,7 @@ class Topology:
     """What the job's start event told us: each node's switch (may be empty)."""
 
     switch_of: dict[str, str] = field(default_factory=dict)
+    nodes: tuple[str, ...] = ()  # every node of the job, reporting or not (may be empty)
     group_size: dict[str, int] = field(default_factory=dict)  # members per group kind (layout)
     world: int = 0  # ranks in the job (start event); fewer reporting means partial tracing
 
@@ -165,6 +166,9 @@ def network_suspects(
     ii = np.concatenate(inc_inst)
     n_ent = len(ent_names)
     cnt = np.bincount(ie, minlength=n_ent).astype(float)
+    refuted = np.zeros(n_ent, dtype=bool)
+    if frame.n_ranks < topo.world:
+        refuted = _refuted_by_complete(frame, inst, idx, e, ie, ii, topo.group_size, n_ent)
     e_left = e.copy()
     for _ in range(_NET_ROUNDS):
         total = e_left.sum()
@@ -176,6 +180,7 @@ def network_suspects(
         # slowdown is everywhere (job-wide) and no single entity is to blame
         s_out = (total - sums) / np.maximum(idx.size - cnt, 1)
         score = np.where(cnt > 0, np.maximum(s_in - s_out, 0.0) * sums / total, 0.0)
+        score[refuted] = 0.0
         best = int(np.argmax(score))
         z = score[best] / s_ell
         if z < Z_REPORT:
@@ -194,6 +199,33 @@ def network_suspects(
             f"transfers ×{ratio:.2f} on {int((e_left[ids] > 0).sum())} of {ids.size} instances",
         )
         e_left[ids] = 0.0
+
+
+def _refuted_by_complete(
+    frame: StepFrame,
+    inst: Instances,
+    idx: np.ndarray,
+    e: np.ndarray,
+    ie: np.ndarray,
+    ii: np.ndarray,
+    group_size: dict[str, int],
+    n_ent: int,
+) -> np.ndarray:
+    """(E,) bool: entities whose fully traced instances are mostly fast.
+
+    With partial tracing an instance's shortest copy is its transfer only when its last
+    arriver is seen. An untraced member that arrives late makes every traced copy long, which
+    reads as a slow NIC of whichever traced node is on most such instances. A slow NIC or
+    link slows every transfer through it, so the entity's instances with every member traced
+    (a pipeline pair with both ends traced, a fully traced group) must be slow too: if most
+    of them are fast, the slow incomplete ones were waits on an untraced member. An entity
+    with no complete instance has nothing but such waits to show, and is not named either."""
+    kinds = [g.partition(".")[0] for g in frame.groups]
+    size = np.array([2 if k == "pp" else group_size.get(k, 0) for k in kinds] or [0])
+    complete = (inst.n_copies[idx] >= size[inst.group[idx]]).astype(float)
+    n_complete = np.bincount(ie, weights=complete[ii], minlength=n_ent)
+    n_slow = np.bincount(ie, weights=(complete * (e > 0))[ii], minlength=n_ent)
+    return (n_complete == 0) | (n_slow < 0.5 * n_complete)
 
 
 def _disambiguate_node(

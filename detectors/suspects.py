@@ -7,8 +7,8 @@ checkpoints, level shifts) cancel; none of them decides alone whether an inciden
 - `compute_suspects`: a rank (`gpu`) or a whole `node` computing slower than its peers;
 - `host_suspects`: a node's ranks idle between ops longer than their peers (`host`);
 - `network_suspects`: a NIC or pipeline `link`, or a `switch`, behind slow transfers;
-- `untraced_suspects`: with partial tracing, the node of a traced rank that waits on a group
-  member that is not traced.
+- `untraced_suspects`: with partial tracing, the node a group's traced members wait on when
+  the member they wait for is not traced.
 
 Four ranks on two nodes compute, then all-reduce; rank 2 computes 40 ms instead of 10 ms and
 the others wait for it:
@@ -43,7 +43,7 @@ from detectors.features import StepFeatures
 from detectors.host_suspects import host_suspects
 from detectors.network_suspects import Topology, network_suspects
 from detectors.noise import NoiseMemory
-from detectors.untraced_suspects import untraced_suspects
+from detectors.untraced_suspects import WaitHistory, untraced_suspects
 from schemas.frame import StepFrame
 
 
@@ -55,18 +55,20 @@ def step_suspects(
     ref: np.ndarray,
     noise: NoiseMemory,
     stages: tuple[np.ndarray, int],
+    waits: WaitHistory | None = None,
 ) -> Candidates:
     """All suspects of one step with their significance (robust z) and cost in seconds.
 
     `ratio` is `compute_ratio(...)`, `ref` is `transfer_reference(feats.inst)` and `stages`
     is `peers.stage_keys(frame)`: computed once per step by the caller, which stores them
-    too. A single rank has no peers, hence no suspects."""
+    too; `waits` is the job's memory of partially traced groups' waits (without it, nothing
+    is said of untraced members). A single rank has no peers, hence no suspects."""
     out = Candidates()
     if frame.n_ranks < 2:
         return out
     compute_suspects(frame, feats, ratio, noise, out)
     host_suspects(frame, feats, stages, noise, out)
     network_suspects(frame, feats, topo, ref, out)
-    if frame.n_ranks < topo.world:  # only a partially traced job has untraced members
-        untraced_suspects(frame, feats, topo.group_size, stages, noise, out)
+    if waits is not None and frame.n_ranks < topo.world:  # only partial tracing has them
+        untraced_suspects(frame, feats, topo, stages, noise, waits, out)
     return out

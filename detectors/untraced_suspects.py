@@ -1,53 +1,122 @@
 """Untraced suspects: the rank everyone waits on reports nothing, so name where it must be.
 
-Production tracers often record one rank per tensor-parallel group. A slow GPU that is not
-traced then leaves no compute of its own to compare; what it leaves is its traced group peer
-waiting: that peer's collectives on the group (the only copy of each instance we see) take
-longer than the same collectives of its stage peers, while its own compute is normal. The
-narrowest entity the data supports is the node of the traced peer (tensor-parallel groups live
-inside a node); the kind stays `gpu`, and the detail says the culprit is not traced.
+Production tracers often record one rank per tensor-parallel group, a random subset, or
+nothing of a node whose agent is down. A slow GPU that is not traced leaves no compute of its
+own to compare; what it leaves is its traced group peers waiting for it. In a group with
+untraced members, the traced member that waits least (the last traced one to arrive) still
+waits for the untraced one, so the group's least wait is long compared with the same kind of
+group on the same stage, while the traced members' own compute is normal.
 
-Only groups with exactly one traced member are judged here: with two or more, the member
-that arrives last is seen and the compute and network views name it.
+The narrowest entity the data supports:
+- a tensor-parallel group lives inside a node: that node (the untraced member is one of its
+  GPUs; which one the traced waits cannot tell);
+- a group across nodes waits on an untraced member that may live on any node, unless all
+  untraced ranks must live on one node (`untraced_home`: the job start named a node that
+  reports nothing, and no more ranks are missing than one node holds): that node.
 
-Four traced ranks, one per `tp` group of size 4 (the layout says so); the untraced members of
-`tp.2` are slow, so rank 8 waits 30 ms in its group's all-reduce where the others wait 1 ms:
+The kind stays `gpu` and the detail says the culprit is not traced. A group whose slowest
+member is traced has a short least wait: the compute view names that member.
+
+Four traced ranks, one per `tp` group of size 4 (the layout says so). For five steps every
+rank waits 1 ms in its group's all-reduce; then the untraced members of `tp.2` turn slow, and
+rank 8 waits 30 ms where the others still wait 1 ms:
 
 >>> from detectors.features import step_features
+>>> from detectors.network_suspects import Topology
 >>> from detectors.noise import NoiseMemory
 >>> from detectors.peers import stage_keys
 >>> from detectors.testing import frame_of, rank_step
->>> frame = frame_of([
-...     rank_step(r, f"n{r // 4}", 0, [
+>>> def frame(slow):
+...     return frame_of([rank_step(r, f"n{r // 4}", 0, [
 ...         ("compute", "fwd", "", 0, 0.0, 10.0, 0),
-...         ("coll", "all_reduce", f"tp.{r // 4}", 0, 10.0, 30.0 if r == 8 else 1.0, 1 << 20)])
-...     for r in (0, 4, 8, 12)])
->>> out = Candidates()
->>> untraced_suspects(frame, step_features(frame), {"tp": 4}, stage_keys(frame),
-...                   NoiseMemory(), out)
+...         ("coll", "all_reduce", f"tp.{r // 4}", 0, 10.0, 30.0 if slow and r == 8 else 1.0,
+...          1 << 20)]) for r in (0, 4, 8, 12)])
+>>> topo, noise, waits = Topology(group_size={"tp": 4}, world=16), NoiseMemory(), WaitHistory()
+>>> for step in range(6):
+...     out = Candidates()
+...     f = frame(slow=step == 5)
+...     untraced_suspects(f, step_features(f), topo, stage_keys(f), noise, waits, out)
 >>> out.entity, out.kind
 (['node:n2'], ['gpu'])
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
+from detectors.base import Stateful
 from detectors.candidates import Z_REPORT, Candidates
 from detectors.features import StepFeatures
+from detectors.network_suspects import Topology
 from detectors.noise import NoiseMemory
 from detectors.segments import grouped_median
 from schemas.frame import StepFrame
 from schemas.rankstep import COLL, P2P
 
-# σ floor of the log ratio of a rank's single-member-group wait to its stage peers': the same
-# 0.4% as a GPU's compute ratio (compute_suspects), for the same reason (identical ranks).
+# σ floor of the log ratio of a group's least wait to its stage peers': the same 0.4% as a
+# GPU's compute ratio (compute_suspects), for the same reason (identical ranks).
 _SIGMA_FLOOR = 0.004
+_MIN_PEERS = 3  # groups of one kind on one stage to compare with
+HISTORY = 20  # steps of each group's own least wait kept as its usual level
+_MIN_HISTORY = 5  # steps a group must have been seen before it is judged
 
 
-def single_member_groups(frame: StepFrame, group_size: dict[str, int]) -> np.ndarray:
-    """(G,) bool over `frame.groups`: a collective group of which one rank is traced while
-    the layout says it has more."""
+class WaitHistory(Stateful):
+    """Each partially traced group's usual least wait (log seconds) and how much it varies,
+    learnt from the steps in which it was not a suspect.
+
+    The peer comparison alone is biased: the wait on k untraced members is the latest of k
+    arrivals and grows with k, and under MoE routing or data imbalance by a lot, so a group
+    missing six of eight members looks slow next to one missing two, and a group whose
+    members' loads vary shows ×2 waits on ordinary steps. Measured against its own usual
+    level (less the step's median change over all groups, which is job-wide) and its own
+    spread, such a group is ordinary; a GPU that turned slow is not. A suspect's steps are
+    not learnt, so a persistent fault becomes neither the usual level nor the spread; and a
+    fault elsewhere that changes many groups' waits at once (they wait on the same slow
+    rank) does not widen anyone's spread.
+    """
+
+    def __init__(self, depth: int = HISTORY) -> None:
+        self.depth = depth
+        self.level: dict[str, deque[float]] = {}
+
+    def change(
+        self, names: list[str], log_wait: np.ndarray, floor: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(N,) change of each group's log wait from its usual level, less the median change
+        of the groups of this step; and (N,) that change in units of the group's own spread
+        (its standard deviation, which sees the tail a MAD would not; at least the groups'
+        median spread and `floor`). NaN: too little history."""
+        hist = [self.level.get(n, ()) for n in names]
+        known = np.array([len(h) >= _MIN_HISTORY for h in hist], dtype=bool)
+        if known.sum() < _MIN_PEERS:
+            return np.full(len(names), np.nan), np.full(len(names), np.nan)
+        base = np.full(len(names), np.nan)
+        spread = np.full(len(names), np.nan)
+        for i in np.flatnonzero(known).tolist():
+            h = np.fromiter(hist[i], dtype=float)
+            base[i] = np.median(h)
+            spread[i] = h.std(ddof=1)
+        d = log_wait - base
+        d -= float(np.median(d[known]))
+        spread = np.maximum(spread, max(float(np.median(spread[known])), floor))
+        return d, d / spread
+
+    def learn(self, names: list[str], log_wait: np.ndarray, suspect: np.ndarray) -> None:
+        for n, v, sus in zip(names, log_wait.tolist(), suspect.tolist(), strict=True):
+            h = self.level.setdefault(n, deque(maxlen=self.depth))
+            if not sus or len(h) < _MIN_HISTORY:
+                h.append(v)
+
+
+def partial_groups(
+    frame: StepFrame, group_size: dict[str, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(G,) bool over `frame.groups`: a collective group with fewer traced members than the
+    layout says it has; (G,) the number of its traced members; and (G,) bool: a group whose
+    waits are measured at all (its size is known, it is not an expert all-to-all)."""
     coll = frame.op_kind == COLL
     g = frame.op_group[coll]
     r = frame.op_rank_index()[coll]
@@ -55,37 +124,92 @@ def single_member_groups(frame: StepFrame, group_size: dict[str, int]) -> np.nda
     pairs = np.unique(g.astype(np.int64) * max(frame.n_ranks, 1) + r)
     observed = np.bincount(pairs // max(frame.n_ranks, 1), minlength=n_groups)
     size = np.array([group_size.get(name.partition(".")[0], 0) for name in frame.groups])
-    return (observed == 1) & (size > 1)
+    # expert-parallel all-to-alls wait on the routing imbalance of the whole group (workload,
+    # not a device): their members' lateness shows in their tp and dp groups instead
+    judged = np.array([not name.startswith("ep.") for name in frame.groups], dtype=bool)
+    measured = (observed > 0) & (size > 1) & judged
+    return measured & (observed < size), observed, measured
+
+
+def untraced_home(frame: StepFrame, topo: Topology) -> str | None:
+    """The one node every untraced rank must be on, or None.
+
+    A node the job start named that reports no rank is dark (its agent is down); when it is
+    the only one and no more ranks are missing than a reporting node holds, every untraced
+    member of every group is one of its ranks."""
+    if not topo.nodes or topo.world <= frame.n_ranks:
+        return None
+    dark = set(topo.nodes) - set(frame.nodes[i] for i in np.unique(frame.node).tolist())
+    per_node = int(np.bincount(frame.node).max()) if frame.n_ranks else 0
+    if len(dark) == 1 and topo.world - frame.n_ranks <= per_node:
+        return dark.pop()
+    return None
 
 
 def untraced_suspects(
     frame: StepFrame,
     feats: StepFeatures,
-    group_size: dict[str, int],
+    topo: Topology,
     stages: tuple[np.ndarray, int],
     noise: NoiseMemory,
+    history: WaitHistory,
     out: Candidates,
 ) -> None:
-    """Add `gpu` suspects on nodes whose traced rank waits on an untraced group member."""
-    if not group_size or frame.n_ops == 0:
+    """Add `gpu` suspects on the node a group with a long least wait must wait on."""
+    if not topo.group_size or frame.n_ops == 0:
         return
-    lonely = single_member_groups(frame, group_size)
-    if not lonely.any():
+    partial, observed, measured = partial_groups(frame, topo.group_size)
+    if not partial.any():
         return
-    op_lonely = (frame.op_kind == COLL) & lonely[frame.op_group]
+    home = untraced_home(frame, topo)
+    if any(k in ("link", "switch") for k in out.kind):
+        # a slow network stretches every traced copy of an instance as a late untraced rank
+        # would; the network view saw it on the instances with every member traced, where
+        # there is no untraced rank to blame, so the dark node is not the explanation
+        home = None
     ri = frame.op_rank_index()
-    wait = np.bincount(ri[op_lonely], weights=frame.op_dur_ns[op_lonely] / 1e9,
-                       minlength=frame.n_ranks)
-    has = np.bincount(ri[op_lonely], minlength=frame.n_ranks) > 0
+    rows = np.flatnonzero((frame.op_kind == COLL) & measured[frame.op_group])
+    pair_key = frame.op_group[rows].astype(np.int64) * frame.n_ranks + ri[rows]
+    pairs, inv = np.unique(pair_key, return_inverse=True)
+    wait = np.bincount(inv.reshape(-1), weights=frame.op_dur_ns[rows] / 1e9)
+    p_group, p_rank = pairs // frame.n_ranks, pairs % frame.n_ranks
+    # per group, the traced member that waits least (pairs are sorted by group)
+    order = np.lexsort((wait, p_group))
+    first = np.r_[True, p_group[order][1:] != p_group[order][:-1]]
+    rep = order[first]
+    all_names = [frame.groups[int(g)] for g in p_group[rep]]
+    all_log_wait = np.log(np.maximum(wait[rep], 1e-9))
+    # the usual level of every measured group, fully traced ones included: they are what a
+    # job-wide change is measured on when every partially traced group waits on one node
+    all_own, all_z_own = history.change(all_names, all_log_wait, _SIGMA_FLOOR)
+    sel = np.flatnonzero(partial[p_group[rep]])
+    rep = rep[sel]
+    g_id, g_wait, g_rank = p_group[rep], wait[rep], p_rank[rep]
+    own, z_own = all_own[sel], all_z_own[sel]
     keys, n_keys = stages
-    ref = grouped_median(np.where(has, wait, np.nan), keys, n_keys)[keys]
+    kinds = [frame.groups[int(g)].partition(".")[0] for g in g_id]
+    untraced = np.array([topo.group_size[k] for k in kinds]) - observed[g_id]
+    kind_code = np.unique(kinds, return_inverse=True)[1].reshape(-1)
+    peer_key = kind_code * n_keys + keys[g_rank]
+    n_peer = int(peer_key.max()) + 1
+    enough = np.bincount(peer_key, minlength=n_peer)[peer_key] >= _MIN_PEERS
+    ref = grouped_median(g_wait, peer_key, n_peer)[peer_key]
     with np.errstate(divide="ignore", invalid="ignore"):
-        x = np.log(wait / ref)
-    x = np.where(has & np.isfinite(x), x, 0.0)
-    if has.sum() < 3:
-        return  # no peers to compare with
-    z = x / noise.sigma("untraced", x[has], _SIGMA_FLOOR)
-    # A rank that also waits longer in its p2p transfers is downstream of a slow stage: its
+        x = np.log(g_wait / ref)
+    x = np.where(enough & np.isfinite(x), x, 0.0)
+    # slow against the peers AND against its own usual level: each alone has its bias (see
+    # WaitHistory); the smaller of the two says how slow the group surely is
+    z_peer = x / noise.sigma("untraced", x[enough], _SIGMA_FLOOR)
+    _whole_node_or_gpu(frame, g_rank[enough], np.array(kinds)[enough], z_peer[enough], out)
+    place = [_place(frame, int(g), k, home) for g, k in zip(g_id, kinds, strict=True)]
+    local = np.array([p is not None and p != home for p in place], dtype=bool)
+    z_own = np.where(np.isfinite(z_own), z_own, 0.0)
+    # A group inside a node is judged against its peers AND its own usual level (the smaller
+    # z). A group across nodes is placed only on the node that holds every untraced rank; a
+    # slow rank there delays its whole replica, so every such group of its stage waits alike
+    # and the peer comparison is blind: its own usual level alone judges it.
+    z = np.where(local, np.minimum(z_peer, z_own), z_own)
+    # A member that also waits longer in its p2p transfers is downstream of a slow stage: its
     # group members arrive late because they wait for the same upstream peer (propagation,
     # Holmes' upstream rule), not because one of them is slow.
     p2p = frame.op_kind == P2P
@@ -94,20 +218,70 @@ def untraced_suspects(
     with np.errstate(divide="ignore", invalid="ignore"):
         xp = np.where(p2p_ref > 0, np.log(np.maximum(p2p_s, 1e-12) / p2p_ref), 0.0)
     zp = xp / noise.sigma("untraced_p2p", xp[p2p_ref > 0], _SIGMA_FLOOR)
-    z = np.where(zp >= Z_REPORT, 0.0, z)
-    best: dict[int, int] = {}  # node → rank with the strongest evidence
+    upstream = zp[g_rank] >= Z_REPORT
+    z = np.where(upstream, 0.0, z)
+    # a change its own history calls significant is not learnt as usual, whatever the peers
+    unusual = np.nan_to_num(all_z_own) >= Z_REPORT
+    unusual[sel] |= upstream
+    history.learn(all_names, all_log_wait, unusual)
+    # a node the host or compute view already blames as a whole delays its untraced members
+    # too: that is the explanation, not one of its GPUs
+    whole = {e[5:] for e, k in zip(out.entity, out.kind, strict=True) if k in ("host", "node")}
+    best: dict[str, int] = {}  # node → group with the strongest evidence
     for hit in np.flatnonzero(z >= Z_REPORT).tolist():
-        n = int(frame.node[hit])
-        if n not in best or z[hit] > z[best[n]]:
-            best[n] = hit
-    for n, i in best.items():
-        groups = sorted({frame.groups[int(c)] for c in
-                         np.unique(frame.op_group[op_lonely & (ri == i)])})
+        node = place[hit]
+        if node is None or node in whole:
+            continue
+        if node not in best or z[hit] > z[best[node]]:
+            best[node] = hit
+    for node, i in best.items():
+        g = int(g_id[i])
+        ratio = np.exp(x[i] if local[i] else own[i])
+        vs = "its stage peers" if local[i] else "its usual wait"
         out.add(
-            f"node:{frame.nodes[n]}",
+            f"node:{node}",
             "gpu",
             z[i],
-            wait[i] - ref[i],
-            f"rank {int(frame.rank[i])} waits ×{np.exp(x[i]):.2f} in {', '.join(groups[:2])} "
-            "on a member that is not traced",
+            g_wait[i] * (1 - 1 / ratio),
+            f"{frame.groups[g]} waits ×{ratio:.2f} vs {vs} (its traced rank "
+            f"{int(frame.rank[g_rank[i]])} included) on {int(untraced[i])} member(s) that are "
+            "not traced",
         )
+
+
+def _place(frame: StepFrame, group: int, kind: str, home: str | None) -> str | None:
+    """The node a group's untraced member must be on (see the module docstring), or None."""
+    members = np.unique(frame.node[frame.op_rank_index()[frame.op_group == group]])
+    if kind == "tp" and members.size == 1:
+        return frame.nodes[int(members[0])]
+    return home
+
+
+def _whole_node_or_gpu(
+    frame: StepFrame, rank: np.ndarray, kind: np.ndarray, z_wait: np.ndarray, out: Candidates
+) -> None:
+    """Re-read a slow rank that is its node's only traced rank: its GPU, or its whole node?
+
+    With one traced rank per node the compute view cannot tell (one rank is all the node it
+    sees). The rank's tensor-parallel all-reduces can: a slow GPU arrives last, so its
+    untraced peers wait for it and its own copies are SHORTER than its stage peers'; when
+    the whole node is slow its peers are as late as it is, and its wait stays usual. A rank
+    whose wait is not significantly short is therefore read as its node (`node`).
+    """
+    counts = np.bincount(frame.node, minlength=len(frame.nodes))
+    usual = {
+        int(r)
+        for r, k, z in zip(rank, kind, z_wait, strict=True)
+        if k == "tp" and z > -Z_REPORT and counts[frame.node[r]] == 1
+    }
+    for c, (entity, kd) in enumerate(zip(out.entity, out.kind, strict=True)):
+        if kd != "gpu" or not entity.startswith("rank:"):
+            continue
+        i = int(np.searchsorted(frame.rank, int(entity[5:])))
+        if i in usual and int(frame.rank[i]) == int(entity[5:]):
+            out.entity[c] = f"node:{frame.nodes[frame.node[i]]}"
+            out.kind[c] = "node"
+            out.detail[c] += (
+                f" on rank {entity[5:]}, its only traced rank, whose untraced "
+                "tensor-parallel peers keep pace with it"
+            )

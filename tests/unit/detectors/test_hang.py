@@ -159,6 +159,25 @@ def test_a_hang_on_an_untraced_member_names_the_traced_members_node_not_a_group_
     assert "not traced" in f.summary and "all 1 members" not in f.summary
 
 
+def test_a_hang_in_a_group_across_nodes_names_the_dark_node_when_it_holds_every_untraced_rank():
+    # dp.0 spans nodes; its member on a node whose agent is down never arrives
+    def stuck_in_dp(home):
+        d = HangDetector(timeout_s=10)
+        d.learn_layout({"dp": 3})
+        d.learn_members("dp.0", {0, 2})
+        d.untraced_home = home
+        for t in range(30):
+            for r in (0, 2):
+                d.observe(hb(r, t, [("dp.0", "reduce_scatter", 40, 1.0)]))
+        return d.check(int(29 * S))
+
+    f = stuck_in_dp("n9")
+    assert f is not None and f.culprit == "node:n9", f.culprit
+    assert "not traced on n9" in f.summary
+    f = stuck_in_dp(None)  # the untraced member may be on any node: the group is named
+    assert f is not None and f.culprit == "group:dp.0", f.culprit
+
+
 def test_a_fully_traced_group_inside_one_op_is_still_a_communication_hang():
     d = HangDetector(timeout_s=10)
     d.learn_layout({"tp": 2})

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from detectors.candidates import Candidates
+from detectors.compute_suspects import compute_ratio
 from detectors.features import step_features
+from detectors.network_suspects import Topology, transfer_reference
 from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
+from detectors.suspects import step_suspects
 from detectors.testing import frame_of, rank_step
-from detectors.untraced_suspects import single_member_groups, untraced_suspects
+from detectors.untraced_suspects import (
+    WaitHistory,
+    partial_groups,
+    untraced_home,
+    untraced_suspects,
+)
 
 
 def _frame(slow_group: int | None, recv_slow: set[int] = frozenset(), step: int = 0):
@@ -17,30 +25,55 @@ def _frame(slow_group: int | None, recv_slow: set[int] = frozenset(), step: int 
     for r in (0, 4, 8, 12, 16):
         recv = 20.0 if r in recv_slow else 1.0
         wait = 30.0 if slow_group is not None and r // 4 == slow_group else 1.0
-        msgs.append(rank_step(r, f"n{r // 4}", step, [
-            ("p2p", "recv", f"pp.{r}", step, 0.0, recv, 1 << 10),
-            ("compute", "fwd", "", 0, recv, 10.0, 0),
-            ("coll", "all_reduce", f"tp.{r // 4}", step, recv + 10.0, wait, 1 << 20),
-        ]))
+        msgs.append(
+            rank_step(
+                r,
+                f"n{r // 4}",
+                step,
+                [
+                    ("p2p", "recv", f"pp.{r}", step, 0.0, recv, 1 << 10),
+                    ("compute", "fwd", "", 0, recv, 10.0, 0),
+                    ("coll", "all_reduce", f"tp.{r // 4}", step, recv + 10.0, wait, 1 << 20),
+                ],
+            )
+        )
     return frame_of(msgs)
 
 
-def _suspects(frame, sizes=None):
-    out = Candidates()
-    untraced_suspects(frame, step_features(frame), {"tp": 4} if sizes is None else sizes,
-                      stage_keys(frame), NoiseMemory(), out)
+def _judge(frames, topo):
+    """Suspects of the last frame, the others first teaching each group its usual wait."""
+    noise, waits = NoiseMemory(), WaitHistory()
+    for frame in frames:
+        out = Candidates()
+        untraced_suspects(frame, step_features(frame), topo, stage_keys(frame), noise, waits, out)
     return list(zip(out.entity, out.kind, strict=True))
 
 
-def test_single_member_groups_need_the_layout_to_say_the_group_is_larger():
+def _suspects(frame, sizes=None, usual=None):
+    topo = Topology(group_size={"tp": 4} if sizes is None else sizes, world=20)
+    return _judge([usual or _frame(None)] * 6 + [frame], topo)
+
+
+def test_partial_groups_need_the_layout_to_say_the_group_is_larger():
     frame = _frame(None)
-    lonely = single_member_groups(frame, {"tp": 4})
-    assert {frame.groups[i] for i in lonely.nonzero()[0]} == {f"tp.{i}" for i in range(5)}
-    assert not single_member_groups(frame, {}).any()
+    partial, observed, measured = partial_groups(frame, {"tp": 4})
+    assert {frame.groups[i] for i in partial.nonzero()[0]} == {f"tp.{i}" for i in range(5)}
+    assert all(observed[i] == 1 for i in partial.nonzero()[0])
+    assert (measured == partial).all()  # every tp group here misses members
+    assert not partial_groups(frame, {})[0].any()
+    assert not partial_groups(frame, {"tp": 1})[0].any()
+    assert partial_groups(frame, {"tp": 1})[2].sum() == 0  # a group of one has no waits
 
 
 def test_the_node_of_the_waiting_traced_rank_is_the_suspect():
     assert _suspects(_frame(slow_group=2)) == [("node:n2", "gpu")]
+
+
+def test_a_group_that_always_waits_that_long_is_not_a_suspect():
+    # the same wait, usual for this group (it misses more members than its peers), is not new
+    assert _suspects(_frame(slow_group=2), usual=_frame(slow_group=2)) == []
+    # nothing is judged before a group's usual wait is known
+    assert _judge([_frame(slow_group=2)], Topology(group_size={"tp": 4}, world=20)) == []
 
 
 def test_nothing_without_the_layout_or_without_a_wait():
@@ -51,3 +84,159 @@ def test_nothing_without_the_layout_or_without_a_wait():
 def test_a_rank_that_also_waits_in_its_recv_is_downstream_not_the_place():
     # rank 8's group waits because rank 8 itself waited for its upstream stage
     assert _suspects(_frame(slow_group=2, recv_slow={8})) == []
+
+
+def _half_frame(slow_tp: int | None, slow_traced: bool = False):
+    """Six tp groups of 4 on six nodes, two members of each traced (ranks 4g and 4g+1). The
+    group `slow_tp` has a slow member: untraced (both traced members wait 30 ms) or traced
+    (rank 4g computes 29 ms longer and waits little; its traced peer waits 30 ms)."""
+    msgs = []
+    for g in range(6):
+        for r in (4 * g, 4 * g + 1):
+            late = slow_tp == g and slow_traced and r == 4 * g
+            compute = 39.0 if late else 10.0
+            wait = 30.0 if slow_tp == g and not late else 1.0
+            msgs.append(
+                rank_step(
+                    r,
+                    f"n{g}",
+                    0,
+                    [
+                        ("compute", "fwd", "", 0, 0.0, compute, 0),
+                        ("coll", "all_reduce", f"tp.{g}", 0, compute, wait, 1 << 20),
+                    ],
+                )
+            )
+    return frame_of(msgs)
+
+
+def test_a_group_whose_traced_members_all_wait_names_their_node():
+    assert _suspects(_half_frame(slow_tp=3), usual=_half_frame(None)) == [("node:n3", "gpu")]
+
+
+def test_a_group_whose_slow_member_is_traced_is_left_to_the_compute_view():
+    usual = _half_frame(None)
+    assert _suspects(_half_frame(slow_tp=3, slow_traced=True), usual=usual) == []
+    assert _suspects(_half_frame(slow_tp=None), usual=usual) == []
+
+
+def _dark_frame(slow_dp: int | str | None):
+    """Nodes n0-n2 report three ranks each; the job start names a fourth node, n3, whose
+    agent is down. dp.t holds rank t of every node, so each dp group misses its member on n3;
+    the traced members of dp.`slow_dp` (of every dp group: "all") wait 30 ms for it. Each
+    node's three ranks also form a fully traced tp group."""
+    msgs = []
+    for node in range(3):
+        for t in range(3):
+            wait = 30.0 if slow_dp in (t, "all") else 1.0
+            msgs.append(
+                rank_step(
+                    3 * node + t,
+                    f"n{node}",
+                    0,
+                    [
+                        ("compute", "fwd", "", 0, 0.0, 10.0, 0),
+                        ("coll", "all_reduce", f"tp.{node}", 0, 10.0, 1.0 + 0.1 * t, 1 << 16),
+                        ("coll", "all_reduce", f"dp.{t}", 0, 12.0, wait, 1 << 20),
+                    ],
+                )
+            )
+    return frame_of(msgs)
+
+
+def _dark_suspects(frame, nodes):
+    topo = Topology(group_size={"dp": 4, "tp": 3}, world=12, nodes=nodes)
+    return _judge([_dark_frame(None)] * 6 + [frame], topo)
+
+
+def test_a_group_across_nodes_names_the_dark_node_that_holds_every_untraced_rank():
+    frame = _dark_frame(slow_dp=1)
+    assert untraced_home(frame, Topology(world=12, nodes=("n0", "n1", "n2", "n3"))) == "n3"
+    assert _dark_suspects(frame, ("n0", "n1", "n2", "n3")) == [("node:n3", "gpu")]
+    assert _dark_suspects(_dark_frame(slow_dp=None), ("n0", "n1", "n2", "n3")) == []
+
+
+def test_without_one_dark_node_a_group_across_nodes_names_nothing():
+    frame = _dark_frame(slow_dp=1)
+    assert _dark_suspects(frame, ()) == []  # the job start named no nodes
+    two_dark = ("n0", "n1", "n2", "n3", "n4")
+    assert untraced_home(frame, Topology(world=12, nodes=two_dark)) is None
+    assert _dark_suspects(frame, two_dark) == []
+    # more ranks missing than one node holds: some untraced rank is elsewhere
+    assert untraced_home(frame, Topology(world=13, nodes=("n0", "n1", "n2", "n3"))) is None
+
+
+def _lone_frame(slow: str | None):
+    """One traced rank per node and per tp group of 4 (ranks 0, 4, ..., 20); rank 8 computes
+    15 ms instead of 10. A slow GPU arrives last, so its untraced peers wait for it and its
+    own all-reduce is short; a slow node keeps its peers as late as it is."""
+    msgs = []
+    for r in range(0, 24, 4):
+        compute = 15.0 if slow and r == 8 else 10.0
+        wait = 0.1 if slow == "gpu" and r == 8 else 1.0 + 0.01 * (r % 3)
+        msgs.append(
+            rank_step(
+                r,
+                f"n{r // 4}",
+                0,
+                [
+                    ("compute", "fwd", "", 0, 0.0, compute, 0),
+                    ("coll", "all_reduce", f"tp.{r // 4}", 0, compute, wait, 1 << 20),
+                ],
+            )
+        )
+    return frame_of(msgs)
+
+
+def _all_suspects(frames):
+    noise, waits = NoiseMemory(), WaitHistory()
+    topo = Topology(group_size={"tp": 4}, world=24)
+    for frame in frames:
+        feats = step_features(frame)
+        stages = stage_keys(frame)
+        c = step_suspects(
+            frame,
+            feats,
+            compute_ratio(frame, feats, stages),
+            topo,
+            transfer_reference(feats.inst),
+            noise,
+            stages,
+            waits,
+        )
+    return list(zip(c.entity, c.kind, strict=True))
+
+
+def test_a_nodes_only_traced_rank_is_its_gpu_when_its_peers_wait_for_it():
+    assert _all_suspects([_lone_frame(None)] * 6 + [_lone_frame("gpu")]) == [("rank:8", "gpu")]
+
+
+def test_a_nodes_only_traced_rank_is_its_node_when_its_peers_keep_pace():
+    assert _all_suspects([_lone_frame(None)] * 6 + [_lone_frame("node")]) == [("node:n2", "node")]
+
+
+def test_when_every_group_waits_on_the_dark_node_it_is_still_named():
+    # a slow GPU there delays its whole replica: every dp group of the stage waits alike, so
+    # the peers say nothing; the fully traced tp groups' usual waits say it is not job-wide
+    assert _dark_suspects(_dark_frame("all"), ("n0", "n1", "n2", "n3")) == [("node:n3", "gpu")]
+
+
+def test_a_node_blamed_whole_or_a_slow_network_is_the_explanation_instead():
+    nodes = ("n0", "n1", "n2", "n3")
+    topo = Topology(group_size={"dp": 4, "tp": 3}, world=12, nodes=nodes)
+    for kind, entity in (("link", "node:n0"), ("switch", "switch:s0")):
+        noise, waits = NoiseMemory(), WaitHistory()
+        for frame in [_dark_frame(None)] * 6 + [_dark_frame(1)]:
+            out = Candidates()
+            out.add(entity, kind, 10.0, 0.1)  # what the network view saw on this step
+            untraced_suspects(
+                frame, step_features(frame), topo, stage_keys(frame), noise, waits, out
+            )
+        assert out.entity == [entity], kind
+    noise, waits = NoiseMemory(), WaitHistory()
+    tp4 = Topology(group_size={"tp": 4}, world=20)
+    for frame in [_frame(None)] * 6 + [_frame(slow_group=2)]:
+        out = Candidates()
+        out.add("node:n2", "host", 10.0, 0.1)  # the host view blames node n2 as a whole
+        untraced_suspects(frame, step_features(frame), tp4, stage_keys(frame), noise, waits, out)
+    assert list(zip(out.entity, out.kind, strict=True)) == [("node:n2", "host")]

@@ -1,0 +1,53 @@
+"""Network suspects under partial tracing: waits on an untraced member are not a slow NIC."""
+
+from __future__ import annotations
+
+from detectors.candidates import Candidates
+from detectors.features import step_features
+from detectors.network_suspects import Topology, network_suspects, transfer_reference
+from detectors.testing import frame_of, rank_step
+
+# six nodes of one traced rank each; every dp group has three members, one of them untraced
+DP = {"dp.0": (0, 1), "dp.1": (0, 2), "dp.2": (0, 3), "dp.3": (4, 5), "dp.4": (1, 4),
+      "dp.5": (2, 5), "dp.6": (3, 4)}  # fmt: skip
+# pipeline pairs with both ends traced
+PP = {"pp.0": (0, 1), "pp.1": (0, 2), "pp.2": (1, 3), "pp.3": (2, 4), "pp.4": (3, 5),
+      "pp.5": (4, 5), "pp.6": (1, 5)}  # fmt: skip
+
+
+def _frame(slow_p2p: bool):
+    """The dp instances through rank 0's node take 40 ms instead of 10 (every traced copy);
+    its pipeline transfers too when `slow_p2p` (a slow NIC), else they are normal (the dp
+    instances waited on their untraced member)."""
+    ops: dict[int, list] = {r: [] for r in range(6)}
+    for i, (group, members) in enumerate(sorted(DP.items())):
+        dur = 40.0 if 0 in members else 10.0
+        for r in members:
+            ops[r].append(("coll", "all_reduce", group, 1, 50.0 * i, dur, 1 << 20))
+    for i, (group, (a, b)) in enumerate(sorted(PP.items())):
+        dur = 40.0 if slow_p2p and 0 in (a, b) else 10.0
+        start = 500.0 + 50.0 * i
+        ops[a].append(("p2p", "send", group, 1, start, dur, 1 << 16))
+        ops[b].append(("p2p", "recv", group, 1, start, dur, 1 << 16))
+    return frame_of([rank_step(r, f"n{r}", 0, ops[r]) for r in range(6)])
+
+
+def _named(frame, world: int) -> list[tuple[str, str]]:
+    feats = step_features(frame)
+    out = Candidates()
+    topo = Topology(group_size={"dp": 3}, world=world)
+    network_suspects(frame, feats, topo, transfer_reference(feats.inst), out)
+    return list(zip(out.entity, out.kind, strict=True))
+
+
+def test_slow_incomplete_instances_with_fast_complete_ones_name_no_nic():
+    assert _named(_frame(slow_p2p=False), world=12) == []
+
+
+def test_a_nic_whose_complete_instances_are_slow_too_is_named():
+    assert ("node:n0", "link") in _named(_frame(slow_p2p=True), world=12)
+
+
+def test_with_every_rank_traced_nothing_is_refuted():
+    # the layout and the world agree that all ranks report: the shortest copy is the transfer
+    assert ("node:n0", "link") in _named(_frame(slow_p2p=False), world=6)
