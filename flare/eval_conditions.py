@@ -4,9 +4,11 @@ The kind simulator scores 100%; production recordings do not look like it (issue
 condition remakes the whole matrix (every fault family, the straggler and the flapping NIC
 included, and the clean runs) under one real-training condition: long or short steps,
 partial tracing, communication-only logging, workload imbalance, a second simultaneous
-fault. Heartbeats are on in every run, so that false hangs show. Conditions combine with "+"
-(`step30+tp0`). A condition run keeps the seed of its base run (same fault target, same
-noise), so conditions differ by the condition only.
+fault, the 1F1B pipeline schedule (a rank's ops overlap). Heartbeats are on in every run, so
+that false hangs show. Conditions combine with "+" (`step30+tp0`). A condition run keeps the
+seed of its base run (same fault target, same noise), so conditions differ by the condition
+only; under 1F1B a step has more op slots (one reduce_scatter per bucket), so its noise
+comes from the same seed but not draw for draw.
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ CONDITIONS: tuple[Condition, ...] = (
         "two_faults",
         "a second fault at the same onset in another group: a slow GPU ×1.5",
         (("fault2", ("slow_gpu", 1.5)),),
+    ),  # fmt: skip
+    Condition(
+        "1f1b",
+        "1F1B pipeline schedule (forwards and backwards interleaved); the DP gradient "
+        "reduce_scatter runs in buckets overlapped with the last backward",
+        (("schedule", "1f1b"),),
     ),  # fmt: skip
 )
 CONDITION_NAMES = tuple(c.name for c in CONDITIONS)

@@ -11,7 +11,8 @@ _CONDITIONS_HELP = (
     "traced), step05 / step30 / step60 (0.5 / 30 / 60 s steps), tp0 (one rank per TP group "
     "traced), half (a random half traced), node_dark (one node's agent down), comm_only (no "
     "compute ops), seq (sequence-length imbalance), stage (last pipeline stage 1.4×), "
-    "two_faults (a second fault, a slow GPU ×1.5 in another group; no clean runs); combine "
+    "two_faults (a second fault, a slow GPU ×1.5 in another group; no clean runs), 1f1b "
+    "(1F1B pipeline schedule, dp reduce_scatter overlapped with backward); combine "
     "with + (step30+tp0). Each condition runs every fault family (straggler and flapping_nic "
     "included) and the clean runs, heartbeats on; prints a row per condition"
 )

@@ -2,13 +2,14 @@
 
 A `Scenario` (layout, steps, seed, optional `Fault`, clean `Noise`) becomes a stream of
 physically faithful steps: per-rank clocks, launch gaps, compute, collectives that end when
-their last member arrives, p2p rendezvous, GPipe pipelining. `ClusterSimulator.run()` yields
+their last member arrives, p2p rendezvous, GPipe or 1F1B pipelining. `ClusterSimulator.run()` yields
 `StepFrame`s and heartbeats for the fast path, `events()` the same run as wire-v1 messages,
 `write_recording()` a `.jsonl` recording with its `<stem>.truth.json`.
 
 Real-training conditions are scenario options too (`Scenario.step_time_s`, `traced`,
-`comm_only`, `seq_imbalance`, `stage_imbalance`; the `straggler` and `flapping_nic` fault
-families): production recordings have them, and the detectors must hold under them.
+`comm_only`, `seq_imbalance`, `stage_imbalance`, `schedule`; the `straggler` and
+`flapping_nic` fault families): production recordings have them, and the detectors must hold
+under them.
 """
 
 from producers.simulator.recording import read_truth, truth_path, write_recording

@@ -1,9 +1,11 @@
 """Turn simulated steps into what the outside sees: StepFrames, rank-step messages, heartbeats.
 
 Times are rounded to integer ns once, on the true clock, and every derived number (offsets,
-durations, window ends) is a difference of rounded values, so ops never overlap, stay inside
-their window, and `t_end_ns` is exactly the end of the last op. Absolute stamps then get the
-node's clock offset added (clocks of different nodes disagree; durations do not).
+durations, window ends) is a difference of rounded values, so ops stay inside their window,
+`t_end_ns` is exactly the end of the last op, and ops of one stream never overlap. Absolute
+stamps then get the node's clock offset added (clocks of different nodes disagree; durations
+do not). A rank's ops are emitted in start order, as the step assembler orders them: with a
+second stream (1F1B's dp reduce_scatter, batched p2p) program order is not start order.
 """
 
 from __future__ import annotations
@@ -84,23 +86,31 @@ def build_frame(
         sl = slice(s * S, (s + 1) * S)
         start_s, end_s, kind_s, name_s, seq_s, gtype_s, bytes_s = _stage_ops(rec, s, rows[s])
         # each destination is viewed as (n ranks, K ops): writing a transposed (K, n) block
-        # into it lays the ops out rank-major without an intermediate copy
+        # into it lays the ops out rank-major without an intermediate copy; per-slot columns
+        # (K,) broadcast, unless a rank's ops had to be sorted: then they are (n, K) too
         st = start_s if full else start_s[:, d]
         en = end_s if full else end_s[:, d]
         ts = _rint(rec.t_start[sl] if full else rec.t_start[sl][d])
-        sti = _rint(st)
-        np.subtract(sti.T, ts[:, None], out=op_start[lo:hi].reshape(n, k))
-        np.subtract(_rint(en).T, sti.T, out=op_dur[lo:hi].reshape(n, k))
+        # (n ranks, K ops) transposed views: the frame's rank-major layout, without a copy
+        sti, eni = _rint(st).T, _rint(en).T
+        gid = topo.gid[s][gtype_s]  # (K, S)
+        gid = (gid if full else gid[:, d]).T
+        if k > 1 and (sti[:, 1:] < sti[:, :-1]).any():  # a second stream: sort by start
+            order = np.argsort(sti, axis=1, kind="stable")
+            sti, eni, gid = (np.take_along_axis(a, order, 1) for a in (sti, eni, gid))
+            kind_s, name_s, seq_s, bytes_s = (kind_s[order], name_s[order], seq_s[order],
+                                              bytes_s[order])  # fmt: skip
+        np.subtract(sti, ts[:, None], out=op_start[lo:hi].reshape(n, k))
+        np.subtract(eni, sti, out=op_dur[lo:hi].reshape(n, k))
         op_kind[lo:hi].reshape(n, k)[...] = kind_s
         op_name[lo:hi].reshape(n, k)[...] = name_s
         op_seq[lo:hi].reshape(n, k)[...] = seq_s
-        gid = topo.gid[s][gtype_s]  # (K, S)
-        op_group[lo:hi].reshape(n, k)[...] = (gid if full else gid[:, d]).T
+        op_group[lo:hi].reshape(n, k)[...] = gid
         nb = op_bytes[lo:hi].reshape(n, k)
         nb[...] = bytes_s
         if rec.a2a_bytes is not None:
-            cols = name_s == ALL_TO_ALL
-            nb[:, cols] = (rec.a2a_bytes[sl] if full else rec.a2a_bytes[sl][d])[:, None]
+            a2a = (rec.a2a_bytes[sl] if full else rec.a2a_bytes[sl][d])[:, None]
+            np.copyto(nb, a2a, where=name_s == ALL_TO_ALL)
         ranks.append(np.flatnonzero(d) + s * S)
         counts.append(np.full(n, k, dtype=np.int64))
         lo = hi

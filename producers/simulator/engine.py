@@ -8,17 +8,34 @@ when both ends have posted, plus the transfer. A rank that never arrives has clo
 propagates through max() to everyone who (transitively) waits for it: that is the hang model.
 
 Vectorized over the S ranks of a pipeline stage; Python loops only over microbatches, stages
-and op slots (GPipe: all forwards, then all backwards, then dp reduce_scatter, optimizer, dp
-all_gather). Ops are recorded as (K, S) arrays per stage, one contiguous row per op slot.
+and op slots. Each stage runs a program (`stage_program`) of forward and backward phases and
+batches of p2p transfers; a scheduler advances every stage until it waits for a neighbour that
+has not posted its side of a transfer yet, so any pipeline schedule runs without a global
+order. Ops are recorded as (K, S) arrays per stage, one contiguous row per op slot, in
+program order.
+
+Schedules (`SCHEDULES`):
+- "gpipe": all forwards, then all backwards, then dp reduce_scatter, optimizer, dp all_gather;
+  every p2p op alone. One stream: a rank's ops never overlap.
+- "1f1b" (Megatron's non-interleaved schedule): stage s runs min(P-s-1, M) warm-up forwards,
+  then alternates one forward and one backward, then the remaining backwards; in the steady
+  state a send is posted together with the next recv of the other direction (Megatron's
+  batched send_forward_recv_backward / send_backward_recv_forward, without which blocking
+  sends deadlock). Data-parallel gradients are reduce_scattered in one bucket per chunk,
+  each launched right after that chunk's backward of the last microbatch on a separate
+  communication stream, overlapped with the remaining backward; the optimizer waits for
+  the last bucket, the all_gather follows it as in GPipe.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from producers.simulator.costs import CostModel
+from producers.simulator.scenario import SCHEDULES, Schedule
 from producers.simulator.topology import (
     G_DP,
     G_EP,
@@ -72,7 +89,7 @@ class StepInputs:
     moe: np.ndarray | None  # (W,) expert load of each rank (mean 1 in its ep group)
     xfer: dict[int, list[np.ndarray]]  # per group kind, per stage: transfer ns per instance
     stop: tuple[int, int, int] | None = None  # (stage, op slot, j): a rank stops for good
-    hang_dp: tuple[int, int] | None = None  # (stage, tp): that dp reduce_scatter never ends
+    hang_dp: tuple[int, int] | None = None  # (stage, tp): its (first) dp reduce_scatter never ends
 
 
 @dataclass
@@ -93,15 +110,128 @@ class StepRecord:
     hang_ns: float | None  # true time the fault stopped a rank / collective, if this step
 
 
+class Xfer(NamedTuple):
+    """One p2p transfer of a step, as the two stages' programs both name it."""
+
+    pair: int  # between stages pair and pair + 1
+    back: bool  # False: activations pair → pair+1 (forward); True: gradients pair+1 → pair
+    m: int  # microbatch
+
+
+class Item(NamedTuple):
+    """One entry of a stage's program: a compute phase, or p2p ops posted together."""
+
+    phase: int  # FWD_PHASE, BWD_PHASE or P2P_BATCH
+    m: int = 0  # microbatch of a compute phase
+    ops: tuple[tuple[Xfer, bool], ...] = ()  # P2P_BATCH: (transfer, this stage sends it)
+
+
+FWD_PHASE, BWD_PHASE, P2P_BATCH = range(3)
+
+
+def stage_program(
+    schedule: Schedule, s: int, pp: int, microbatches: int, train: bool
+) -> list[Item]:
+    """The program of a stage-s rank in one step: compute phases and p2p batches in order.
+
+    A forward phase is (embed | recv) + chunks + (send | loss), a backward phase (recv) +
+    chunks + (send); the p2p ops at their edges are items of their own so that 1F1B can post
+    a send together with the recv that follows it in the other direction.
+    """
+    M = microbatches
+
+    def fwd(m: int) -> list[Item]:
+        out = [Item(P2P_BATCH, ops=((Xfer(s - 1, False, m), False),))] if s > 0 else []
+        out.append(Item(FWD_PHASE, m))
+        if s < pp - 1:
+            out.append(Item(P2P_BATCH, ops=((Xfer(s, False, m), True),)))
+        return out
+
+    def bwd(m: int) -> list[Item]:
+        out = [Item(P2P_BATCH, ops=((Xfer(s, True, m), False),))] if s < pp - 1 else []
+        out.append(Item(BWD_PHASE, m))
+        if s > 0:
+            out.append(Item(P2P_BATCH, ops=((Xfer(s - 1, True, m), True),)))
+        return out
+
+    items = [it for m in range(M) for it in fwd(m)]
+    if not train:
+        return items
+    if schedule == "gpipe":
+        return items + [it for m in range(M) for it in bwd(m)]
+    warm = min(pp - s - 1, M)
+    items = [it for m in range(warm) for it in fwd(m)]
+    for i in range(M - warm):
+        items += fwd(warm + i) + bwd(i)
+    items += [it for m in range(M - warm, M) for it in bwd(m)]
+    # a send followed by a recv of the other direction is one batch: with blocking sends,
+    # stage s would wait in send_forward for s+1, which waits in send_backward for s
+    out: list[Item] = []
+    for it in items:
+        prev = out[-1] if out else None
+        if (
+            prev is not None and it.phase == P2P_BATCH and prev.phase == P2P_BATCH
+            and len(prev.ops) == 1 and prev.ops[0][1] and not it.ops[0][1]
+            and prev.ops[0][0].back != it.ops[0][0].back
+        ):  # fmt: skip
+            out[-1] = Item(P2P_BATCH, ops=prev.ops + it.ops)
+        else:
+            out.append(it)
+    return out
+
+
+def transfer_order(programs: list[list[Item]]) -> tuple[dict[Xfer, int], list[int]]:
+    """Seq offset of every transfer in its pair's counter, and the transfers per pair.
+
+    Transfers of a pair are numbered in the order of the upstream stage's program: both ends
+    then agree on every seq, although the downstream stage may list a batch's two transfers
+    the other way round.
+    """
+    offset: dict[Xfer, int] = {}
+    count = [0] * max(len(programs) - 1, 0)
+    for s, prog in enumerate(programs[:-1]):
+        for it in prog:
+            for x, _ in it.ops:
+                if x.pair == s:
+                    offset[x] = count[s]
+                    count[s] += 1
+    return offset, count
+
+
 class StepEngine:
     """Runs steps of one layout; costs are unscaled, `scale` stretches compute and bandwidth."""
 
-    def __init__(self, topo: Topology, microbatches: int, chunks: int, costs: CostModel) -> None:
+    def __init__(
+        self,
+        topo: Topology,
+        microbatches: int,
+        chunks: int,
+        costs: CostModel,
+        schedule: Schedule = "gpipe",
+    ) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
         self.topo = topo
         self.microbatches = microbatches
         self.chunks = chunks
         self.costs = costs
+        self.schedule = schedule
         self.scale = 1.0
+        P = topo.layout.pp
+        # programs and p2p numbering depend only on the layout and the kind of step
+        self._programs = {
+            train: [stage_program(schedule, s, P, microbatches, train) for s in range(P)]
+            for train in (False, True)
+        }
+        self._xfers = {train: transfer_order(self._programs[train]) for train in (False, True)}
+        # dp gradient buckets of the overlapped reduce_scatter: one per chunk, same total
+        g = costs.grad_bytes
+        self.buckets = [g // chunks + (b < g % chunks) for b in range(chunks)]
+
+    @property
+    def overlap(self) -> bool:
+        """Whether the dp reduce_scatter runs in buckets on a stream of its own (1F1B)."""
+        return self.schedule == "1f1b"
 
     def n_ops(self, s: int, train: bool, checkpoint: bool) -> int:
         """Ops of a stage-s rank in one step (the engine asserts it fills exactly this many)."""
@@ -111,7 +241,8 @@ class StepEngine:
         n = self.microbatches * fwd
         if train:
             bwd = inner + (s < lay.pp - 1) + (s > 0)
-            n += self.microbatches * bwd + 1 + 2 * (lay.dp > 1)
+            rs = self.chunks if self.overlap else 1  # reduce_scatters: buckets or one
+            n += self.microbatches * bwd + 1 + (rs + 1) * (lay.dp > 1)
         return n + bool(checkpoint)
 
     def run(self, step: int, clock: np.ndarray, ctr: SeqCounters, inp: StepInputs) -> StepRecord:
@@ -133,6 +264,7 @@ class StepEngine:
         cseq = [0] * P
         t_start = clock.copy()
         clk = [t_start[s * S : (s + 1) * S].copy() for s in range(P)]
+        stream = [t_start[s * S : (s + 1) * S] for s in range(P)]  # dp comm stream (1F1B)
         gaps, jit, net = inp.gaps, inp.jit, inp.net
         main = [inp.main[s * S : (s + 1) * S] for s in range(P)]
         dev = [inp.dev[s * S : (s + 1) * S] for s in range(P)]
@@ -174,7 +306,11 @@ class StepEngine:
             e += a
             clk[s] = e
 
-        def coll(s: int, gt: int, nm: int, nb: int) -> None:
+        def coll(s: int, gt: int, nm: int, nb: int, bucket: int | None = None) -> None:
+            """A collective on the main stream, or (`bucket`) a dp reduce_scatter of one
+            gradient bucket on the comm stream: it starts when both the main stream has
+            launched it and the stream's previous op has ended, its transfer is the bucket's
+            share of the whole one (latency too), and the main stream does not wait for it."""
             nonlocal hang_ns
             if gt == G_TP:
                 sq = ctr.tp[s]
@@ -188,6 +324,8 @@ class StepEngine:
             col = slot(s, COLL, nm, gt, sq, nb)
             a = start[s][col]
             np.add(clk[s], gaps[s][col], out=a)
+            if bucket is not None:
+                np.maximum(a, stream[s], out=a)
             e = end[s][col]
             n_row = net[s][col]
             if gt == G_TP:
@@ -196,33 +334,51 @@ class StepEngine:
                 e.reshape(dp, tp)[...] = mx[:, None]
             elif gt == G_DP:
                 mx = a.reshape(dp, tp).max(axis=0)
-                if inp.hang_dp is not None and inp.hang_dp[0] == s and nm == REDUCE_SCATTER:
-                    hang_ns = float(mx[inp.hang_dp[1]])  # the last member just entered
-                    mx[inp.hang_dp[1]] = np.inf
-                mx += xdp[s] * n_row[:tp]
+                hd = inp.hang_dp
+                if hd is not None and hd[0] == s and nm == REDUCE_SCATTER and not bucket:
+                    hang_ns = float(mx[hd[1]])  # the last member just entered (its 1st bucket)
+                    mx[hd[1]] = np.inf
+                x = xdp[s] if bucket is None else xdp[s] * (nb / c.grad_bytes)
+                mx += x * n_row[:tp]
                 e.reshape(dp, tp)[...] = mx[None, :]
             else:
                 mx = a.reshape(ne, ep, tp).max(axis=1)
                 mx += a2a_x[s] * n_row.reshape(ne, ep, tp)[:, 0, :]
                 e.reshape(ne, ep, tp)[...] = mx[:, None, :]
-            clk[s] = e
+            if bucket is None:
+                clk[s] = e
+            else:
+                stream[s] = e
 
-        def p2p(src: int, dst: int, gt_src: int, gt_dst: int, pair: int) -> None:
-            sq = ctr.pp[pair]
-            ctr.pp[pair] += 1
-            cs = slot(src, P2P, SEND, gt_src, sq, c.act_bytes)
-            cr = slot(dst, P2P, RECV, gt_dst, sq, c.act_bytes)
-            a = start[src][cs]
-            np.add(clk[src], gaps[src][cs], out=a)
-            b = start[dst][cr]
-            np.add(clk[dst], gaps[dst][cr], out=b)
-            e = end[src][cs]
-            np.maximum(a, b, out=e)
-            e += xpp[pair] * net[src][cs]
-            e2 = end[dst][cr]
-            e2[...] = e
-            clk[src] = e
-            clk[dst] = e2
+        offset, n_xfer = self._xfers[inp.train]
+        posted: dict[Xfer, list[int]] = {}  # per transfer: [send col, recv col], -1 unposted
+
+        def post(s: int, ops: tuple[tuple[Xfer, bool], ...]) -> None:
+            """Post a batch's ops from the stage's clock; a transfer whose other end has
+            posted too ends at the later post plus the transfer, on both ends."""
+            for x, send in ops:
+                gt = G_PP_NEXT if x.pair == s else G_PP_PREV
+                col = slot(s, P2P, SEND if send else RECV, gt, ctr.pp[x.pair] + offset[x],
+                           c.act_bytes)  # fmt: skip
+                np.add(clk[s], gaps[s][col], out=start[s][col])
+                cols = posted.setdefault(x, [-1, -1])
+                cols[0 if send else 1] = col
+                if min(cols) < 0:
+                    continue
+                src, dst = (x.pair + 1, x.pair) if x.back else (x.pair, x.pair + 1)
+                cs, cr = cols
+                e = end[src][cs]
+                np.maximum(start[src][cs], start[dst][cr], out=e)
+                e += xpp[x.pair] * net[src][cs]
+                end[dst][cr][...] = e
+
+        def matched(ops: tuple[tuple[Xfer, bool], ...]) -> bool:
+            return all(min(posted[x]) >= 0 for x, _ in ops)
+
+        def finish(s: int, ops: tuple[tuple[Xfer, bool], ...]) -> None:
+            """The stage goes on when every op of its batch has ended."""
+            rows = [end[s][posted[x][0 if send else 1]] for x, send in ops]
+            clk[s] = rows[0] if len(rows) == 1 else np.maximum(rows[0], rows[1])
 
         def layer(s: int, nm: int, base: float, enm: int, ebase: float) -> None:
             compute(s, nm, base, main[s])
@@ -234,26 +390,54 @@ class StepEngine:
                 coll(s, G_EP, ALL_TO_ALL, c.a2a_bytes)
 
         fwd_ns, exp_ns = c.fwd_s * ns, c.expert_s * ns
-        for _m in range(self.microbatches):
-            for s in range(P):
+        bwd_ns, ebwd_ns = c.bwd_s * ns, c.expert_bwd_s * ns
+        last = self.microbatches - 1
+        overlap = self.overlap and dp > 1
+
+        def run_phase(s: int, it: Item) -> None:
+            if it.phase == FWD_PHASE:
                 if s == 0:
                     compute(s, EMBED, c.embed_s * ns, main[s])
                 for _ in range(self.chunks):
                     layer(s, FWD, fwd_ns, EXPERT, exp_ns)
                 if s == P - 1:
                     compute(s, LOSS, c.loss_s * ns, main[s])
-                else:
-                    p2p(s, s + 1, G_PP_NEXT, G_PP_PREV, s)
-        if inp.train:
-            bwd_ns, ebwd_ns = c.bwd_s * ns, c.expert_bwd_s * ns
-            for _m in range(self.microbatches):
-                for s in range(P - 1, -1, -1):
-                    for _ in range(self.chunks):
-                        layer(s, BWD, bwd_ns, EXPERT_BWD, ebwd_ns)
-                    if s > 0:
-                        p2p(s, s - 1, G_PP_PREV, G_PP_NEXT, s - 1)
+                return
+            for b in range(self.chunks):
+                layer(s, BWD, bwd_ns, EXPERT_BWD, ebwd_ns)
+                if overlap and it.m == last:  # this chunk's gradients are final
+                    coll(s, G_DP, REDUCE_SCATTER, self.buckets[b], bucket=b)
+
+        programs = self._programs[inp.train]
+        pc = [0] * P
+        waiting = [False] * P  # the stage has posted the batch at pc and waits for its peers
+        while any(pc[s] < len(programs[s]) for s in range(P)):
+            moved = False
             for s in range(P):
-                if dp > 1:
+                prog = programs[s]
+                while pc[s] < len(prog):
+                    it = prog[pc[s]]
+                    if it.phase == P2P_BATCH:
+                        if not waiting[s]:
+                            post(s, it.ops)
+                            waiting[s] = moved = True
+                        if not matched(it.ops):
+                            break
+                        finish(s, it.ops)
+                        waiting[s] = False
+                    else:
+                        run_phase(s, it)
+                    pc[s] += 1
+                    moved = True
+            if not moved:
+                raise AssertionError(f"{self.schedule} deadlocked at program items {pc}")
+        for pair, n in enumerate(n_xfer):
+            ctr.pp[pair] += n
+        if inp.train:
+            for s in range(P):
+                if overlap:
+                    clk[s] = np.maximum(clk[s], stream[s])  # every bucket reduced
+                elif dp > 1:
                     coll(s, G_DP, REDUCE_SCATTER, c.grad_bytes)
                 compute(s, OPTIMIZER, c.optimizer_s * ns, dev[s])
                 if dp > 1:

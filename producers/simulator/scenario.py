@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from producers.agent.cadence import KEEPALIVE_S, LONG_OP_S
 
@@ -66,6 +66,12 @@ FAMILY_KIND: dict[str, str] = {
 # what production tracers often record); a seeded random half; every rank but those of one
 # seeded node (its agent is down).
 TRACED: tuple[str, ...] = ("all", "tp0", "half", "node_dark")
+
+# Pipeline schedules (`Scenario.schedule`, `producers.simulator.engine`): GPipe (all forwards,
+# then all backwards, dp communication after them) or Megatron's 1F1B with the dp gradient
+# reduce_scatter overlapped with the last microbatch's backward.
+Schedule = Literal["gpipe", "1f1b"]
+SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b")
 
 # Presets (tp, pp, dp): TP inside a node (8 GPUs), PP across nodes, DP the rest.
 _PRESETS: dict[int, tuple[int, int, int]] = {
@@ -230,6 +236,10 @@ class Scenario:
     - `stage_imbalance`: the last pipeline stage computes this many times longer by design
       (1.2–1.6 in real models: the LM head and the loss); included in the calibration, so
       the healthy step still lasts `step_time_s`.
+    - `schedule` (one of `SCHEDULES`): the pipeline schedule. "1f1b" interleaves forwards
+      and backwards (a stage holds at most P - s microbatches in flight) and runs the dp
+      reduce_scatter in buckets on a stream of its own during the last backward, so a
+      rank's ops overlap in time.
     None of these is a fault: they must not become device incidents. `fault2` is a second,
     simultaneous fault in a different group (no node, TP or DP group shared with `fault`;
     drawn from its own seed when it has no target); at most one of the two is a hang.
@@ -252,6 +262,7 @@ class Scenario:
     seq_imbalance: float = 0.0
     stage_imbalance: float = 1.0
     fault2: Fault | None = None
+    schedule: Schedule = "gpipe"
 
     def __post_init__(self) -> None:
         self._check_conditions()
@@ -284,6 +295,9 @@ class Scenario:
                              f"got {self.traced!r}")  # fmt: skip
         if not isinstance(self.comm_only, bool):
             raise ValueError(f"Scenario.comm_only must be True or False, got {self.comm_only!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"Scenario.schedule must be one of {', '.join(SCHEDULES)}, "
+                             f"got {self.schedule!r}")  # fmt: skip
         for name, lo, hi in (("seq_imbalance", 0.0, 2.0), ("stage_imbalance", 1.0, 10.0)):
             v = getattr(self, name)
             ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
@@ -294,7 +308,8 @@ class Scenario:
         """The real-training conditions that differ from the defaults (step time apart)."""
         out: dict[str, Any] = {}
         for name, default in (("traced", "all"), ("comm_only", False), ("seq_imbalance", 0.0),
-                              ("stage_imbalance", 1.0), ("fault2", None)):  # fmt: skip
+                              ("stage_imbalance", 1.0), ("fault2", None),
+                              ("schedule", "gpipe")):  # fmt: skip
             if getattr(self, name) != default:
                 out[name] = getattr(self, name)
         if self.fault2 is not None:

@@ -82,7 +82,9 @@ class ClusterSimulator:
         # (world,) bool of the ranks that report, None: all of them
         self.traced = traced_mask(scenario.traced, topo, np.random.default_rng(traced_seed))
         self.hang_tail_ns = max(HANG_TAIL_NS, HANG_TAIL_STEPS * scenario.step_time_s * 1e9)
-        self.engine = StepEngine(topo, scenario.microbatches, scenario.chunks, costs)
+        self.engine = StepEngine(
+            topo, scenario.microbatches, scenario.chunks, costs, scenario.schedule
+        )
         self._transfers = transfer_times(topo, costs)
         self.engine.scale = self._calibrate()
         crng = np.random.default_rng(clock_seed)

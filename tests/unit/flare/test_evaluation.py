@@ -153,3 +153,21 @@ def test_two_faults_score_either_culprit_first_and_whether_both_were_named():
     assert r.repeats == 1 and r.false_device == 0
     only = score(sc, truth, [_inc("rank:5", 22)], ok)
     assert only.top1 and only.found_all is False
+
+
+def test_the_1f1b_condition_runs_the_same_matrix_under_the_1f1b_schedule():
+    from flare.eval_conditions import CONDITION_NAMES, condition_scenarios, parse_conditions
+
+    assert "1f1b" in CONDITION_NAMES
+    (one,) = parse_conditions("1f1b")
+    assert dict(one.changes) == {"schedule": "1f1b"} and "1F1B" in one.help
+    (both,) = parse_conditions("1f1b+comm_only")
+    assert dict(both.changes) == {"schedule": "1f1b", "comm_only": True}
+    pairs = condition_scenarios(parse_conditions("base,1f1b"), [64], 1, 500)
+    base = [sc for c, sc in pairs if c == "base"]
+    f1b = [sc for c, sc in pairs if c == "1f1b"]
+    assert all(sc.schedule == "gpipe" for sc in base)
+    assert all(sc.schedule == "1f1b" and sc.job.endswith("@1f1b") for sc in f1b)
+    assert [replace(sc, job="x", schedule="gpipe") for sc in f1b] == [
+        replace(sc, job="x") for sc in base
+    ]  # clean runs included: the schedule is the only difference

@@ -3,6 +3,8 @@ sentence."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from producers.simulator import ClusterSimulator, Fault, Layout, layout_for_gpus
@@ -57,7 +59,8 @@ def test_cadence_fields_are_validated():
      ("seq_imbalance", -0.1, r"seq_imbalance must be a number in \[0.0, 2.0\]"),
      ("seq_imbalance", float("nan"), "seq_imbalance must be a number"),
      ("stage_imbalance", 0.8, r"stage_imbalance must be a number in \[1.0, 10.0\]"),
-     ("stage_imbalance", True, "stage_imbalance must be a number")],
+     ("stage_imbalance", True, "stage_imbalance must be a number"),
+     ("schedule", "interleaved", "schedule must be one of gpipe, 1f1b")],
 )  # fmt: skip
 def test_real_training_conditions_are_validated(field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -75,6 +78,7 @@ def test_conditions_and_their_truth_fields_appear_only_when_set():
     truth = ClusterSimulator(sc).truth.to_dict()
     assert truth["conditions"] == sc.conditions()
     assert truth["culprit_traced"] is False  # rank 3 has tp coordinate 1
+    assert replace(sc, schedule="1f1b").conditions()["schedule"] == "1f1b"
 
 
 def test_a_single_node_cannot_go_dark():
