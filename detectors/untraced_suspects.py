@@ -42,8 +42,6 @@ rank 8 waits 30 ms where the others still wait 1 ms:
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 
 from detectors.base import Stateful
@@ -80,7 +78,20 @@ class WaitHistory(Stateful):
 
     def __init__(self, depth: int = HISTORY) -> None:
         self.depth = depth
-        self.level: dict[str, deque[float]] = {}
+        self.row: dict[str, int] = {}  # group name → its row of `values`
+        self.values = np.full((0, depth), np.nan)  # (groups, depth) ring of log waits
+        self.count = np.zeros(0, dtype=np.int64)  # values learnt per row (all time)
+
+    def _rows(self, names: list[str]) -> np.ndarray:
+        """Row of each group, new groups getting fresh rows."""
+        rows = np.fromiter(
+            (self.row.setdefault(n, len(self.row)) for n in names), dtype=np.int64, count=len(names)
+        )
+        grow = len(self.row) - self.count.size
+        if grow > 0:
+            self.values = np.vstack([self.values, np.full((grow, self.depth), np.nan)])
+            self.count = np.concatenate([self.count, np.zeros(grow, dtype=np.int64)])
+        return rows
 
     def change(
         self, names: list[str], log_wait: np.ndarray, floor: float
@@ -89,26 +100,27 @@ class WaitHistory(Stateful):
         of the groups of this step; and (N,) that change in units of the group's own spread
         (its standard deviation, which sees the tail a MAD would not; at least the groups'
         median spread and `floor`). NaN: too little history."""
-        hist = [self.level.get(n, ()) for n in names]
-        known = np.array([len(h) >= _MIN_HISTORY for h in hist], dtype=bool)
+        rows = self._rows(names)
+        known = self.count[rows] >= _MIN_HISTORY
         if known.sum() < _MIN_PEERS:
             return np.full(len(names), np.nan), np.full(len(names), np.nan)
+        hist = self.values[rows[known]]
         base = np.full(len(names), np.nan)
         spread = np.full(len(names), np.nan)
-        for i in np.flatnonzero(known).tolist():
-            h = np.fromiter(hist[i], dtype=float)
-            base[i] = np.median(h)
-            spread[i] = h.std(ddof=1)
+        base[known] = np.nanmedian(hist, axis=1)
+        spread[known] = np.nanstd(hist, axis=1, ddof=1)
         d = log_wait - base
         d -= float(np.median(d[known]))
         spread = np.maximum(spread, max(float(np.median(spread[known])), floor))
         return d, d / spread
 
     def learn(self, names: list[str], log_wait: np.ndarray, suspect: np.ndarray) -> None:
-        for n, v, sus in zip(names, log_wait.tolist(), suspect.tolist(), strict=True):
-            h = self.level.setdefault(n, deque(maxlen=self.depth))
-            if not sus or len(h) < _MIN_HISTORY:
-                h.append(v)
+        """Add this step's waits to the usual level, except a suspect's once it has one."""
+        rows = self._rows(names)
+        take = ~suspect | (self.count[rows] < _MIN_HISTORY)
+        rows = rows[take]
+        self.values[rows, self.count[rows] % self.depth] = log_wait[take]
+        self.count[rows] += 1
 
 
 def partial_groups(
