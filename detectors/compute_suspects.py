@@ -71,7 +71,10 @@ def compute_suspects(
     counts = np.bincount(frame.node, minlength=n_nodes)
     node_x = np.nan_to_num(grouped_median(x, frame.node, n_nodes))
     per_node = counts[frame.node]
-    g = np.where(per_node >= 3, x - node_x[frame.node], x)
+    # a rank with neither a replica nor a node to compare with is measured against its stage,
+    # less the part its data replica shows in every stage (sequence lengths), as the node is
+    data = _data_share(frame, x)
+    g = np.where(per_node >= 3, x - node_x[frame.node], x - data)
     reference = np.where(per_node >= 3, 1, 2)  # what each residual is measured from
     rep = replica_keys(frame)
     if rep is not None:
@@ -102,7 +105,7 @@ def compute_suspects(
         )
     multi = counts >= 2
     if multi.sum() >= 3:
-        node_x = np.nan_to_num(grouped_median(x - _data_share(frame, x), frame.node, n_nodes))
+        node_x = np.nan_to_num(grouped_median(x - data, frame.node, n_nodes))
         sn = noise.sigma("node", node_x[multi], _NODE_SIGMA_FLOOR)
         zn = np.where(multi, node_x / sn, 0.0)
         node_basis = grouped_median(basis, frame.node, n_nodes)
