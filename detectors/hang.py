@@ -142,6 +142,12 @@ class HangDetector(Stateful):
         size = 2 if kind == "pp" else self.group_size.get(kind, 0)
         return max(size - len(self.members.get(group, ())), 0)
 
+    def _node_of_group(self, group: str, inside: set[int]) -> str | None:
+        """The node a tensor-parallel group lives on (all its traced members' node), or None
+        for any other group: only a tensor-parallel group is known to stay inside a node."""
+        nodes = {self.last[r].node for r in inside if r in self.last}
+        return nodes.pop() if len(nodes) == 1 and group.startswith("tp.") else None
+
     def learn_members(self, group: str, ranks: set[int]) -> None:
         self.members.setdefault(group, set()).update(ranks)
 
@@ -213,6 +219,14 @@ class HangDetector(Stateful):
             # A pipeline recv is posted before its data is due, so it is often the oldest wait
             # without being the first one to stop: the oldest stuck collective says more
             colls = [k for k in full if self._untraced(k[0]) and not k[0].startswith("pp.")]
+            local = [k for k in colls if self._node_of_group(k[0], stuck[k]) is not None]
+            if local and len(colls) - len(local) >= 2:
+                # Several groups across nodes wait on untraced members while a tensor-parallel
+                # group waits on one on its node: one stopped GPU blocks its whole replica, and
+                # every group across nodes with a member in that replica waits; one hung
+                # collective would block its group alone (its members' peers follow a step
+                # later). The tensor-parallel group is where the replica stopped.
+                colls = local
             if colls:
                 key = min(colls, key=lambda k: info[k][1])
                 name, start, step = info[key]
@@ -251,9 +265,9 @@ class HangDetector(Stateful):
         agent is down), else the group itself, since the untraced member may be on any node.
         """
         group = key[0]
-        nodes = {self.last[r].node for r in inside if r in self.last}
-        if len(nodes) == 1 and group.startswith("tp."):
-            culprit = f"node:{nodes.pop()}"
+        node = self._node_of_group(group, inside)
+        if node is not None:
+            culprit = f"node:{node}"
         elif self.untraced_home is not None:
             culprit = f"node:{self.untraced_home}"
         else:

@@ -46,6 +46,7 @@ import numpy as np
 
 from detectors.base import Stateful
 from detectors.candidates import Z_REPORT, Candidates
+from detectors.evidence import Z_ON
 from detectors.features import StepFeatures
 from detectors.network_suspects import Topology
 from detectors.noise import NoiseMemory
@@ -174,10 +175,12 @@ def untraced_suspects(
     if not partial.any():
         return
     home = untraced_home(frame, topo)
-    if any(k in ("link", "switch") for k in out.kind):
-        # a slow network stretches every traced copy of an instance as a late untraced rank
-        # would; the network view saw it on the instances with every member traced, where
-        # there is no untraced rank to blame, so the dark node is not the explanation
+    if any(k in ("link", "switch") or z >= Z_ON for k, z in zip(out.kind, out.z, strict=True)):
+        # The dark node's ranks can be late because of something the traced views see: a
+        # slow network stretches every traced copy as a late untraced rank would, and a slow
+        # GPU or starved host upstream in their replica delays them through the pipeline.
+        # Their own waits, which would show that, are dark: the traced culprit is the
+        # explanation, not the dark node.
         home = None
     ri = frame.op_rank_index()
     rows = np.flatnonzero((frame.op_kind == COLL) & measured[frame.op_group])

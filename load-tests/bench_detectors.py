@@ -1,7 +1,7 @@
 """Benchmark: the detectors alone on whole 8,192-GPU steps with ~800 ops per rank.
 
 Usage: python load-tests/bench_detectors.py [--gpus 8192] [--microbatches 16] [--chunks 12]
-       [--steps 7]
+       [--steps 7] [--traced all|tp0|half|node_dark]
 Steps are simulated first (not timed), then fed to one JobDiagnoser on one core; the
 median of the timed steps is reported, with the split between the stages, and the cost of
 assembling the same step from its 8,192 per-rank messages (what the worker does before).
@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--microbatches", type=int, default=16)
     ap.add_argument("--chunks", type=int, default=12)
     ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--traced", default="all", help="which ranks report (partial tracing)")
     args = ap.parse_args()
     sc = Scenario(
         job="bench",
@@ -43,10 +44,12 @@ def main() -> None:
         microbatches=args.microbatches,
         chunks=args.chunks,
         heartbeats=False,
+        traced=args.traced,
     )
     sim = ClusterSimulator(sc)
     frames = list(sim.run())
     n_ops = frames[0].n_ops
+    n_ranks = frames[0].n_ranks
     diag = JobDiagnoser("bench")
     diag.on_job(sim.job_start())
     for f in frames[:2]:  # warm-up: baselines, membership, numpy caches
@@ -81,7 +84,8 @@ def main() -> None:
     med = statistics.median(whole)
     py, npv = platform.python_version(), np.__version__
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {py}, numpy {npv}")
-    print(f"step: {args.gpus} ranks, {n_ops / args.gpus:.0f} ops per rank, {n_ops:,} ops")
+    print(f"step: {n_ranks} of {args.gpus} ranks traced ({args.traced}), "
+          f"{n_ops / n_ranks:.0f} ops per rank, {n_ops:,} ops")
     print("| stage | median s per step | ops/s |")
     print("|---|---:|---:|")
     print(f"| detectors, whole step (JobDiagnoser.on_frame) | {med:.3f} | {n_ops / med:,.0f} |")

@@ -178,6 +178,30 @@ def test_a_hang_in_a_group_across_nodes_names_the_dark_node_when_it_holds_every_
     assert f is not None and f.culprit == "group:dp.0", f.culprit
 
 
+def test_a_stopped_replica_is_named_by_its_tensor_parallel_group_not_a_group_across_nodes():
+    # half tracing: tp.0 (ranks 0, 1 on n0, two untraced) waits on a GPU that stopped; the
+    # dp groups with members in its replica wait too, some a little longer
+    def stuck(dp_groups):
+        d = HangDetector(timeout_s=10)
+        d.learn_layout({"tp": 4, "dp": 4})
+        d.learn_members("tp.0", {0, 1})
+        for i, g in enumerate(dp_groups):
+            d.learn_members(g, {10 + 2 * i, 13 + 2 * i})
+        for t in range(30):
+            for r in (0, 1):
+                d.observe(hb(r, t, [("tp.0", "all_reduce", 40, 1.5)]))
+            for i, g in enumerate(dp_groups):
+                for r in (10 + 2 * i, 13 + 2 * i):
+                    d.observe(hb(r, t, [(g, "reduce_scatter", 9, 1.0)]))
+        return d.check(int(29 * S))
+
+    f = stuck(["dp.a", "dp.b"])
+    assert f is not None and f.culprit == "node:n0", f.culprit
+    # one group across nodes stuck first: a hung collective, its peers' tp group follows
+    f = stuck(["dp.a"])
+    assert f is not None and f.culprit == "group:dp.a", f.culprit
+
+
 def test_a_fully_traced_group_inside_one_op_is_still_a_communication_hang():
     d = HangDetector(timeout_s=10)
     d.learn_layout({"tp": 2})
