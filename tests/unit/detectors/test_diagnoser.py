@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import msgspec
 import numpy as np
@@ -79,9 +80,13 @@ def test_job_wide_level_shift_is_a_job_incident_not_a_device():
     assert "job" in kinds
 
 
-def test_messages_through_assembly_give_the_same_incidents_as_frames():
-    sc = _scenario("slow_gpu", 1.3, steps=35)
+@pytest.mark.parametrize("traced", ["all", "half", "node_dark"])
+def test_messages_through_assembly_give_the_same_incidents_as_frames(traced):
+    # partial tracing included: the job start's layout and nodes reach the untraced views
+    # through the messages as they do through the simulator's fast path
+    sc = replace(_scenario("slow_gpu", 1.3, steps=35), traced=traced)
     by_frames = run_scenario(sc)
+    assert any(i["kind"] != "job" for i in by_frames.incidents)
     sim = ClusterSimulator(sc)
     raw = ((topic, orjson.dumps(v)) for topic, _key, v, _ts in sim.events())
     offline = diagnose_messages(raw)
