@@ -86,6 +86,14 @@ def test_a_rank_that_also_waits_in_its_recv_is_downstream_not_the_place():
     assert _suspects(_frame(slow_group=2, recv_slow={8})) == []
 
 
+def _compute_then_all_reduce(rank: int, node: str, group: str, compute: float, wait: float):
+    """One rank-step: `compute` ms of compute, then an all-reduce on `group` of `wait` ms."""
+    return rank_step(rank, node, 0, [
+        ("compute", "fwd", "", 0, 0.0, compute, 0),
+        ("coll", "all_reduce", group, 0, compute, wait, 1 << 20),
+    ])  # fmt: skip
+
+
 def _half_frame(slow_tp: int | None, slow_traced: bool = False):
     """Six tp groups of 4 on six nodes, two members of each traced (ranks 4g and 4g+1). The
     group `slow_tp` has a slow member: untraced (both traced members wait 30 ms) or traced
@@ -96,17 +104,7 @@ def _half_frame(slow_tp: int | None, slow_traced: bool = False):
             late = slow_tp == g and slow_traced and r == 4 * g
             compute = 39.0 if late else 10.0
             wait = 30.0 if slow_tp == g and not late else 1.0
-            msgs.append(
-                rank_step(
-                    r,
-                    f"n{g}",
-                    0,
-                    [
-                        ("compute", "fwd", "", 0, 0.0, compute, 0),
-                        ("coll", "all_reduce", f"tp.{g}", 0, compute, wait, 1 << 20),
-                    ],
-                )
-            )
+            msgs.append(_compute_then_all_reduce(r, f"n{g}", f"tp.{g}", compute, wait))
     return frame_of(msgs)
 
 
@@ -174,17 +172,7 @@ def _lone_frame(slow: str | None):
     for r in range(0, 24, 4):
         compute = 15.0 if slow and r == 8 else 10.0
         wait = 0.1 if slow == "gpu" and r == 8 else 1.0 + 0.01 * (r % 3)
-        msgs.append(
-            rank_step(
-                r,
-                f"n{r // 4}",
-                0,
-                [
-                    ("compute", "fwd", "", 0, 0.0, compute, 0),
-                    ("coll", "all_reduce", f"tp.{r // 4}", 0, compute, wait, 1 << 20),
-                ],
-            )
-        )
+        msgs.append(_compute_then_all_reduce(r, f"n{r // 4}", f"tp.{r // 4}", compute, wait))
     return frame_of(msgs)
 
 
