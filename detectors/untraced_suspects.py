@@ -95,12 +95,13 @@ class WaitHistory(Stateful):
         return rows
 
     def change(
-        self, names: list[str], log_wait: np.ndarray, floor: float
+        self, names: list[str], log_wait: np.ndarray, within: np.ndarray, floor: float
     ) -> tuple[np.ndarray, np.ndarray]:
         """(N,) change of each group's log wait from its usual level, less the median change
-        of the groups of this step; and (N,) that change in units of the group's own spread
-        (its standard deviation, which sees the tail a MAD would not; at least the groups'
-        median spread and `floor`). NaN: too little history."""
+        of the groups of this step with the same `within` key (a stage-wide change is not
+        one group's), or of all groups where `within` is -1; and (N,) that change in units
+        of the group's own spread (its standard deviation, which sees the tail a MAD would
+        not; at least the groups' median spread and `floor`). NaN: too little history."""
         rows = self._rows(names)
         known = self.count[rows] >= _MIN_HISTORY
         if known.sum() < _MIN_PEERS:
@@ -111,7 +112,12 @@ class WaitHistory(Stateful):
         base[known] = np.nanmedian(hist, axis=1)
         spread[known] = np.nanstd(hist, axis=1, ddof=1)
         d = log_wait - base
-        d -= float(np.median(d[known]))
+        local = within >= 0
+        n_keys = int(within.max()) + 1 if local.any() else 0
+        by_key = grouped_median(d[known & local], within[known & local], max(n_keys, 1))
+        d -= np.where(
+            local, np.nan_to_num(by_key)[np.maximum(within, 0)], float(np.median(d[known]))
+        )
         spread = np.maximum(spread, max(float(np.median(spread[known])), floor))
         return d, d / spread
 
@@ -192,16 +198,33 @@ def untraced_suspects(
     order = np.lexsort((wait, p_group))
     first = np.r_[True, p_group[order][1:] != p_group[order][:-1]]
     rep = order[first]
+    # A group's wait in this step, measured twice: its least-waiting traced member's total,
+    # and its typical instance's least wait times its instances. A slow GPU makes every
+    # collective of its group wait and raises both; a GC pause or one long kernel on an
+    # untraced member makes one of them wait and raises the total only; MoE routing moves
+    # every instance of a step alike, but its history also holds the totals' wider swings.
+    # A group is as unusual as the less unusual of the two says.
+    inst = feats.inst
+    of_group = (inst.kind == COLL) & measured[inst.group]
+    n_groups = len(frame.groups)
+    typical = grouped_median(inst.transfer_s[of_group], inst.group[of_group], n_groups)
+    typical *= np.bincount(inst.group[of_group], minlength=n_groups)
     all_names = [frame.groups[int(g)] for g in p_group[rep]]
     all_log_wait = np.log(np.maximum(wait[rep], 1e-9))
+    all_log_typical = np.log(np.maximum(typical[p_group[rep]], 1e-9))
+    typical_names = [f"{n} typical" for n in all_names]
+    keys, n_keys = stages
     # the usual level of every measured group, fully traced ones included: they are what a
     # job-wide change is measured on when every partially traced group waits on one node
-    all_own, all_z_own = history.change(all_names, all_log_wait, _SIGMA_FLOOR)
+    within = np.full(len(all_names), -1)
+    all_own, all_z_own = history.change(all_names, all_log_wait, within, _SIGMA_FLOOR)
+    _, z_typical = history.change(typical_names, all_log_typical, within, _SIGMA_FLOOR)
+    all_z_own = np.fmin(all_z_own, z_typical)
     sel = np.flatnonzero(partial[p_group[rep]])
     rep = rep[sel]
-    g_id, g_wait, g_rank = p_group[rep], wait[rep], p_rank[rep]
+    g_id, g_rank = p_group[rep], p_rank[rep]
+    g_wait = wait[rep]
     own, z_own = all_own[sel], all_z_own[sel]
-    keys, n_keys = stages
     kinds = [frame.groups[int(g)].partition(".")[0] for g in g_id]
     untraced = np.array([topo.group_size[k] for k in kinds]) - observed[g_id]
     kind_code = np.unique(kinds, return_inverse=True)[1].reshape(-1)
@@ -239,6 +262,7 @@ def untraced_suspects(
     unusual = np.nan_to_num(all_z_own) >= Z_REPORT
     unusual[sel] |= upstream
     history.learn(all_names, all_log_wait, unusual)
+    history.learn(typical_names, all_log_typical, unusual)
     # a node the host or compute view already blames as a whole delays its untraced members
     # too: that is the explanation, not one of its GPUs
     whole = {e[5:] for e, k in zip(out.entity, out.kind, strict=True) if k in ("host", "node")}
