@@ -239,7 +239,7 @@ def untraced_suspects(
     # WaitHistory); the smaller of the two says how slow the group surely is
     z_peer = x / noise.sigma("untraced", x[enough], _SIGMA_FLOOR)
     _whole_node_or_gpu(frame, g_rank[enough], np.array(kinds)[enough], z_peer[enough], out)
-    place = [_place(frame, int(g), k, home) for g, k in zip(g_id, kinds, strict=True)]
+    place = _places(frame, p_group, p_rank, g_id, kinds, home)
     local = np.array([p is not None and p != home for p in place], dtype=bool)
     z_own = np.where(np.isfinite(z_own), z_own, 0.0)
     # A group inside a node is judged against its peers AND its own usual level (the smaller
@@ -288,12 +288,26 @@ def untraced_suspects(
         )
 
 
-def _place(frame: StepFrame, group: int, kind: str, home: str | None) -> str | None:
-    """The node a group's untraced member must be on (see the module docstring), or None."""
-    members = np.unique(frame.node[frame.op_rank_index()[frame.op_group == group]])
-    if kind == "tp" and members.size == 1:
-        return frame.nodes[int(members[0])]
-    return home
+def _places(
+    frame: StepFrame,
+    pair_group: np.ndarray,
+    pair_rank: np.ndarray,
+    groups: np.ndarray,
+    kinds: list[str],
+    home: str | None,
+) -> list[str | None]:
+    """The node each group's untraced member must be on (see the module docstring), or
+    None: a tensor-parallel group whose traced members (the (group, rank) pairs) share a
+    node names it; any other group names `home`."""
+    lo = np.full(len(frame.groups), np.iinfo(np.int64).max)
+    hi = np.full(len(frame.groups), -1)
+    nodes = frame.node[pair_rank].astype(np.int64)
+    np.minimum.at(lo, pair_group, nodes)
+    np.maximum.at(hi, pair_group, nodes)
+    return [
+        frame.nodes[int(lo[g])] if k == "tp" and lo[g] == hi[g] else home
+        for g, k in zip(groups.tolist(), kinds, strict=True)
+    ]
 
 
 def _whole_node_or_gpu(
