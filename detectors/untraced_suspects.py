@@ -15,7 +15,11 @@ The narrowest entity the data supports:
   reports nothing, and no more ranks are missing than one node holds): that node.
 
 The kind stays `gpu` and the detail says the culprit is not traced. A group whose slowest
-member is traced has a short least wait: the compute view names that member.
+member is traced has a short least wait: the compute view names that member. A group is
+judged against its stage peers and against its own usual wait (`WaitHistory`), since each
+alone is biased. The same waits also settle a question the compute view cannot: a slow rank
+that is its node's only traced rank is its GPU if its untraced peers wait for it, its node
+if they keep pace (`_whole_node_or_gpu`).
 
 Four traced ranks, one per `tp` group of size 4 (the layout says so). For five steps every
 rank waits 1 ms in its group's all-reduce; then the untraced members of `tp.2` turn slow, and
@@ -95,13 +99,12 @@ class WaitHistory(Stateful):
         return rows
 
     def change(
-        self, names: list[str], log_wait: np.ndarray, within: np.ndarray, floor: float
+        self, names: list[str], log_wait: np.ndarray, floor: float
     ) -> tuple[np.ndarray, np.ndarray]:
         """(N,) change of each group's log wait from its usual level, less the median change
-        of the groups of this step with the same `within` key (a stage-wide change is not
-        one group's), or of all groups where `within` is -1; and (N,) that change in units
-        of the group's own spread (its standard deviation, which sees the tail a MAD would
-        not; at least the groups' median spread and `floor`). NaN: too little history."""
+        of the groups of this step; and (N,) that change in units of the group's own spread
+        (its standard deviation, which sees the tail a MAD would not; at least the groups'
+        median spread and `floor`). NaN: too little history."""
         rows = self._rows(names)
         known = self.count[rows] >= _MIN_HISTORY
         if known.sum() < _MIN_PEERS:
@@ -112,12 +115,7 @@ class WaitHistory(Stateful):
         base[known] = np.nanmedian(hist, axis=1)
         spread[known] = np.nanstd(hist, axis=1, ddof=1)
         d = log_wait - base
-        local = within >= 0
-        n_keys = int(within.max()) + 1 if local.any() else 0
-        by_key = grouped_median(d[known & local], within[known & local], max(n_keys, 1))
-        d -= np.where(
-            local, np.nan_to_num(by_key)[np.maximum(within, 0)], float(np.median(d[known]))
-        )
+        d -= float(np.median(d[known]))
         spread = np.maximum(spread, max(float(np.median(spread[known])), floor))
         return d, d / spread
 
@@ -188,27 +186,8 @@ def untraced_suspects(
         # Their own waits, which would show that, are dark: the traced culprit is the
         # explanation, not the dark node.
         home = None
-    ri = frame.op_rank_index()
-    rows = np.flatnonzero((frame.op_kind == COLL) & measured[frame.op_group])
-    pair_key = frame.op_group[rows].astype(np.int64) * frame.n_ranks + ri[rows]
-    pairs, inv = np.unique(pair_key, return_inverse=True)
-    wait = np.bincount(inv.reshape(-1), weights=frame.op_dur_ns[rows] / 1e9)
-    p_group, p_rank = pairs // frame.n_ranks, pairs % frame.n_ranks
-    # per group, the traced member that waits least (pairs are sorted by group)
-    order = np.lexsort((wait, p_group))
-    first = np.r_[True, p_group[order][1:] != p_group[order][:-1]]
-    rep = order[first]
-    # A group's wait in this step, measured twice: its least-waiting traced member's total,
-    # and its typical instance's least wait times its instances. A slow GPU makes every
-    # collective of its group wait and raises both; a GC pause or one long kernel on an
-    # untraced member makes one of them wait and raises the total only; MoE routing moves
-    # every instance of a step alike, but its history also holds the totals' wider swings.
-    # A group is as unusual as the less unusual of the two says.
-    inst = feats.inst
-    of_group = (inst.kind == COLL) & measured[inst.group]
-    n_groups = len(frame.groups)
-    typical = grouped_median(inst.transfer_s[of_group], inst.group[of_group], n_groups)
-    typical *= np.bincount(inst.group[of_group], minlength=n_groups)
+    p_group, p_rank, rep, wait, typical = _least_waits(frame, feats, measured)
+    # a group is as unusual as the less unusual of its two waits says (`_least_waits`)
     all_names = [frame.groups[int(g)] for g in p_group[rep]]
     all_log_wait = np.log(np.maximum(wait[rep], 1e-9))
     all_log_typical = np.log(np.maximum(typical[p_group[rep]], 1e-9))
@@ -216,9 +195,8 @@ def untraced_suspects(
     keys, n_keys = stages
     # the usual level of every measured group, fully traced ones included: they are what a
     # job-wide change is measured on when every partially traced group waits on one node
-    within = np.full(len(all_names), -1)
-    all_own, all_z_own = history.change(all_names, all_log_wait, within, _SIGMA_FLOOR)
-    _, z_typical = history.change(typical_names, all_log_typical, within, _SIGMA_FLOOR)
+    all_own, all_z_own = history.change(all_names, all_log_wait, _SIGMA_FLOOR)
+    _, z_typical = history.change(typical_names, all_log_typical, _SIGMA_FLOOR)
     all_z_own = np.fmin(all_z_own, z_typical)
     sel = np.flatnonzero(partial[p_group[rep]])
     rep = rep[sel]
@@ -247,16 +225,7 @@ def untraced_suspects(
     # slow rank there delays its whole replica, so every such group of its stage waits alike
     # and the peer comparison is blind: its own usual level alone judges it.
     z = np.where(local, np.minimum(z_peer, z_own), z_own)
-    # A member that also waits longer in its p2p transfers is downstream of a slow stage: its
-    # group members arrive late because they wait for the same upstream peer (propagation,
-    # Holmes' upstream rule), not because one of them is slow.
-    p2p = frame.op_kind == P2P
-    p2p_s = np.bincount(ri[p2p], weights=frame.op_dur_ns[p2p] / 1e9, minlength=frame.n_ranks)
-    p2p_ref = grouped_median(p2p_s, keys, n_keys)[keys]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        xp = np.where(p2p_ref > 0, np.log(np.maximum(p2p_s, 1e-12) / p2p_ref), 0.0)
-    zp = xp / noise.sigma("untraced_p2p", xp[p2p_ref > 0], _SIGMA_FLOOR)
-    upstream = zp[g_rank] >= Z_REPORT
+    upstream = _downstream(frame, stages, noise)[g_rank]
     z = np.where(upstream, 0.0, z)
     # a change its own history calls significant is not learnt as usual, whatever the peers
     unusual = np.nan_to_num(all_z_own) >= Z_REPORT
@@ -286,6 +255,50 @@ def untraced_suspects(
             f"{int(frame.rank[g_rank[i]])} included) on {int(untraced[i])} member(s) that are "
             "not traced",
         )
+
+
+def _least_waits(
+    frame: StepFrame, feats: StepFeatures, measured: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A group's wait in this step, measured twice, over the (group, rank) pairs of the
+    measured groups' collectives: (pair group, pair rank, the pair of each group whose rank
+    waits least, each pair's total wait s, each group's typical wait s).
+
+    The first is the least-waiting traced member's total. The second is the group's typical
+    instance's least wait (its shortest copy) times its instances. A slow GPU makes every
+    collective of its group wait and raises both; a GC pause or one long kernel on an
+    untraced member makes one of them wait and raises the total only; MoE routing moves
+    every instance of a step alike, but the totals' history also holds their wider swings."""
+    ri = frame.op_rank_index()
+    rows = np.flatnonzero((frame.op_kind == COLL) & measured[frame.op_group])
+    pair_key = frame.op_group[rows].astype(np.int64) * frame.n_ranks + ri[rows]
+    pairs, inv = np.unique(pair_key, return_inverse=True)
+    wait = np.bincount(inv.reshape(-1), weights=frame.op_dur_ns[rows] / 1e9)
+    p_group, p_rank = pairs // frame.n_ranks, pairs % frame.n_ranks
+    order = np.lexsort((wait, p_group))  # pairs are sorted by group: the first is its least
+    rep = order[np.r_[True, p_group[order][1:] != p_group[order][:-1]]]
+    inst = feats.inst
+    of_group = (inst.kind == COLL) & measured[inst.group]
+    n_groups = len(frame.groups)
+    typical = grouped_median(inst.transfer_s[of_group], inst.group[of_group], n_groups)
+    typical *= np.bincount(inst.group[of_group], minlength=n_groups)
+    return p_group, p_rank, rep, wait, typical
+
+
+def _downstream(frame: StepFrame, stages: tuple[np.ndarray, int], noise: NoiseMemory) -> np.ndarray:
+    """(R,) bool: the rank also waits longer than its stage peers in its p2p transfers.
+
+    Its group members then arrive late because they wait for the same upstream peer
+    (propagation, Holmes' upstream rule), not because one of them is slow."""
+    keys, n_keys = stages
+    ri = frame.op_rank_index()
+    p2p = frame.op_kind == P2P
+    p2p_s = np.bincount(ri[p2p], weights=frame.op_dur_ns[p2p] / 1e9, minlength=frame.n_ranks)
+    p2p_ref = grouped_median(p2p_s, keys, n_keys)[keys]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xp = np.where(p2p_ref > 0, np.log(np.maximum(p2p_s, 1e-12) / p2p_ref), 0.0)
+    zp = xp / noise.sigma("untraced_p2p", xp[p2p_ref > 0], _SIGMA_FLOOR)
+    return zp >= Z_REPORT
 
 
 def _places(
