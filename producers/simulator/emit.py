@@ -19,8 +19,7 @@ from producers.agent.cadence import GridCadence
 from producers.simulator.engine import ALL_TO_ALL, NAMES, StepRecord
 from producers.simulator.topology import Topology
 from schemas.frame import StepFrame
-from schemas.rankstep import COMPUTE, COORD_DIMS, OP_KINDS, RankStep
-from schemas.steps_message import steps_message
+from schemas.rankstep import COMPUTE, COORD_DIMS, RankStep
 from schemas.wire import HeartbeatV1, InflightOp
 
 
@@ -177,25 +176,7 @@ def rank_step(frame: StepFrame, i: int) -> RankStep:
 
 def steps_value(frame: StepFrame, i: int) -> dict[str, Any]:
     """Row i of a frame as its `flare.steps.v1` value (plain lists: any JSON encoder)."""
-    lo, hi = int(frame.off[i]), int(frame.off[i + 1])
-    names, groups = frame.names, frame.groups
-    return steps_message(
-        job=frame.job,
-        rank=int(frame.rank[i]),
-        node=frame.nodes[int(frame.node[i])],
-        step=frame.step,
-        t_start_ns=int(frame.t_start_ns[i]),
-        t_end_ns=int(frame.t_end_ns[i]),
-        kind=[OP_KINDS[k] for k in frame.op_kind[lo:hi].tolist()],
-        name=[names[k] for k in frame.op_name[lo:hi].tolist()],
-        group=[groups[g] for g in frame.op_group[lo:hi].tolist()],
-        seq=frame.op_seq[lo:hi].tolist(),
-        start_ns=frame.op_start_ns[lo:hi].tolist(),
-        dur_ns=frame.op_dur_ns[lo:hi].tolist(),
-        bytes=frame.op_bytes[lo:hi].tolist(),
-        local_rank=int(frame.local_rank[i]),
-        coords=_coords(frame, i),
-    )
+    return rank_step(frame, i).to_wire()
 
 
 def rank_steps(frame: StepFrame) -> list[RankStep]:
