@@ -59,6 +59,13 @@ class Topology:
     world: int = 0  # ranks in the job (start event); fewer reporting means partial tracing
 
 
+def layout_sizes(groups: list[str], group_size: dict[str, int]) -> np.ndarray:
+    """(G,) members the job's layout gives each group (by its kind, `tp.3` → `tp`; a pipeline
+    pair has 2; 0 when the layout does not say). Fewer traced is partial tracing."""
+    kinds = [g.partition(".")[0] for g in groups]
+    return np.array([2 if k == "pp" else group_size.get(k, 0) for k in kinds], dtype=np.int64)
+
+
 def transfer_reference(inst: Instances) -> np.ndarray:
     """(I,) normal transfer of comparable instances (same kind, op, bytes, size, cross-node)
     in this step; NaN where fewer than three are comparable.
@@ -220,8 +227,7 @@ def _refuted_by_complete(
     (a pipeline pair with both ends traced, a fully traced group) must be slow too: if most
     of them are fast, the slow incomplete ones were waits on an untraced member. An entity
     with no complete instance has nothing but such waits to show, and is not named either."""
-    kinds = [g.partition(".")[0] for g in frame.groups]
-    size = np.array([2 if k == "pp" else group_size.get(k, 0) for k in kinds] or [0])
+    size = layout_sizes(frame.groups, group_size)
     complete = (inst.n_copies[idx] >= size[inst.group[idx]]).astype(float)
     n_complete = np.bincount(ie, weights=complete[ii], minlength=n_ent)
     n_slow = np.bincount(ie, weights=(complete * (e > 0))[ii], minlength=n_ent)

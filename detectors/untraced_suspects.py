@@ -26,7 +26,7 @@ rank waits 1 ms in its group's all-reduce; then the untraced members of `tp.2` t
 rank 8 waits 30 ms where the others still wait 1 ms:
 
 >>> from detectors.features import step_features
->>> from detectors.network_suspects import Topology
+>>> from detectors.network_suspects import Topology, layout_sizes
 >>> from detectors.noise import NoiseMemory
 >>> from detectors.peers import stage_keys
 >>> from detectors.testing import frame_of, rank_step
@@ -52,7 +52,7 @@ from detectors.base import Stateful
 from detectors.candidates import Z_REPORT, Candidates
 from detectors.evidence import Z_ON
 from detectors.features import StepFeatures
-from detectors.network_suspects import Topology
+from detectors.network_suspects import Topology, layout_sizes
 from detectors.noise import NoiseMemory
 from detectors.segments import grouped_median
 from schemas.frame import StepFrame
@@ -140,7 +140,7 @@ def partial_groups(
     n_groups = len(frame.groups)
     pairs = np.unique(g.astype(np.int64) * max(frame.n_ranks, 1) + r)
     observed = np.bincount(pairs // max(frame.n_ranks, 1), minlength=n_groups)
-    size = np.array([group_size.get(name.partition(".")[0], 0) for name in frame.groups])
+    size = layout_sizes(frame.groups, group_size)
     # expert-parallel all-to-alls wait on the routing imbalance of the whole group (workload,
     # not a device): their members' lateness shows in their tp and dp groups instead
     judged = np.array([not name.startswith("ep.") for name in frame.groups], dtype=bool)
