@@ -94,23 +94,10 @@ def test_incident_filters(client: TestClient) -> None:
     assert ids(job="nobody") == []
 
 
-def test_incident_pages_by_cursor_and_by_offset(client: TestClient) -> None:
-    everything = client.get("/v1/incidents", params={"limit": 1000}).json()
-    assert everything["next_cursor"] is None
-    seen: list[str] = []
-    params: dict[str, object] = {"limit": 2}
-    while True:
-        page = client.get("/v1/incidents", params=params).json()
-        seen += [i["id"] for i in page["items"]]
-        if page["next_cursor"] is None:
-            break
-        params["cursor"] = page["next_cursor"]
-    assert seen == [i["id"] for i in everything["items"]]
-    by_offset = [i["id"] for off in range(0, 10, 4)
-                 for i in client.get("/v1/incidents", params={"limit": 4, "offset": off})
-                 .json()["items"]]
-    assert by_offset == seen
-
+def test_incident_pages_by_cursor_and_by_offset(client: TestClient, incident_pages) -> None:
+    everything, by_cursor, by_offset = incident_pages(client)
+    assert by_cursor == [i["id"] for i in everything["items"]]
+    assert by_offset == by_cursor
 
 def test_one_incident_with_its_evidence(client: TestClient) -> None:
     inc_id = client.get("/v1/incidents", params={"job": JOB, "status": "open"}).json()[

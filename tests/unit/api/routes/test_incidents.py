@@ -41,23 +41,11 @@ def test_an_incident_shows_every_field_of_incident_v1(client: TestClient) -> Non
     assert item["resolved_step"] == 20 and item["v"] == 1
 
 
-def test_pages_by_cursor_and_by_offset_agree(client: TestClient) -> None:
-    everything = client.get("/v1/incidents", params={"limit": 1000}).json()
-    assert everything["next_cursor"] is None and everything["limit"] == 1000
-    seen: list[str] = []
-    params: dict[str, object] = {"limit": 2}
-    while True:
-        page = client.get("/v1/incidents", params=params).json()
-        seen += [i["id"] for i in page["items"]]
-        if page["next_cursor"] is None:
-            break
-        params["cursor"] = page["next_cursor"]
-    assert seen == [i["id"] for i in everything["items"]]
-    by_offset = [i["id"] for off in range(0, 10, 4)
-                 for i in client.get("/v1/incidents", params={"limit": 4, "offset": off})
-                 .json()["items"]]
-    assert by_offset == seen
-
+def test_pages_by_cursor_and_by_offset_agree(client: TestClient, incident_pages) -> None:
+    everything, by_cursor, by_offset = incident_pages(client)
+    assert everything["limit"] == 1000
+    assert by_cursor == [i["id"] for i in everything["items"]]
+    assert by_offset == by_cursor
 
 def test_one_incident_with_its_evidence(client: TestClient) -> None:
     inc_id = f"{JOB}/gpu/rank:1/30"
