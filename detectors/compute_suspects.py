@@ -34,7 +34,7 @@ from detectors.candidates import Z_REPORT, Candidates
 from detectors.features import StepFeatures
 from detectors.noise import NoiseMemory
 from detectors.peers import replica_keys
-from detectors.segments import grouped_median
+from detectors.segments import grouped_majority, grouped_median
 from schemas.frame import StepFrame
 
 # σ floors of log compute ratios (0.4% for a rank, 0.6% for a node's median): identical
@@ -105,7 +105,8 @@ def compute_suspects(
         )
     multi = counts >= 2
     if multi.sum() >= 3:
-        node_x = np.nan_to_num(grouped_median(x - data, frame.node, n_nodes))
+        # a node is slow when most of its ranks are: one slow GPU of two is that GPU
+        node_x = np.nan_to_num(grouped_majority(x - data, frame.node, n_nodes))
         sn = noise.sigma("node", node_x[multi], _NODE_SIGMA_FLOOR)
         zn = np.where(multi, node_x / sn, 0.0)
         node_basis = grouped_median(basis, frame.node, n_nodes)
@@ -115,7 +116,8 @@ def compute_suspects(
                 "node",
                 zn[n],
                 node_basis[n] * (1 - np.exp(-node_x[n])),
-                f"compute ×{np.exp(node_x[n]):.2f} on all {counts[n]} ranks",
+                f"compute ×{np.exp(node_x[n]):.2f} on "
+                f"{'all' if counts[n] <= 2 else 'most'} of its {counts[n]} ranks",
             )
 
 

@@ -5,27 +5,27 @@ of a recording; both call exactly these methods, so offline and online answers a
 Time is an input: the diagnoser's clock is the stream time of the messages (and `tick` for
 when messages stop), never the wall clock.
 
-Four ranks on two nodes; from step 3 on rank 2 computes 40 ms instead of 10 ms. Each step
-names it a suspect; the third such step opens a `gpu` incident:
+Four ranks on two nodes; from step 6 on rank 2 computes 40 ms instead of 10 ms. Each step
+names it a suspect; the third such step opens a `gpu` incident (the job's first five steps are
+its warm-up: suspects there are reported, never counted):
 
 >>> from detectors.testing import frame_of, rank_step
 >>> def step(s):
 ...     def ops(r):
-...         c = 40.0 if r == 2 and s >= 3 else 10.0
+...         c = 40.0 if r == 2 and s >= 6 else 10.0
 ...         return [("compute", "fwd", "", 0, 0.0, c, 0),
 ...                 ("coll", "all_reduce", "tp.0", s, c, 45.0 - c, 1 << 20)]
 ...     return frame_of([rank_step(r, f"n{r // 2}", s, ops(r)) for r in range(4)])
 >>> d = JobDiagnoser("j")
->>> for s in range(6):
+>>> for s in range(9):
 ...     out = d.on_frame(step(s))
-...     print(s, [x.entity for x in out.reports[0].detections],
-...           [(i.kind, i.culprit) for i in out.incidents])
-0 [] []
-1 [] []
-2 [] []
-3 ['rank:2'] []
-4 ['rank:2'] []
-5 ['rank:2'] [('gpu', 'rank:2')]
+...     if s >= 5:
+...         print(s, [x.entity for x in out.reports[0].detections],
+...               [(i.kind, i.culprit) for i in out.incidents])
+5 [] []
+6 ['rank:2'] []
+7 ['rank:2'] []
+8 ['rank:2'] [('gpu', 'rank:2')]
 """
 
 from __future__ import annotations
@@ -34,14 +34,16 @@ import numpy as np
 
 from detectors.assembly import StepAssembler
 from detectors.base import Stateful
+from detectors.budget import StepBudget
+from detectors.candidates import Candidates
 from detectors.compute_suspects import compute_ratio
 from detectors.config import DetectorConfig
 from detectors.evidence import EvidenceTracker, Track
 from detectors.explain import summarize
 from detectors.features import StepFeatures, step_features
-from detectors.hang import HangDetector
+from detectors.hang import EXIT_GRACE, HangDetector, HangFinding
 from detectors.incidents import IncidentBook, OpenIncident
-from detectors.irregularity import StepTimeBaseline
+from detectors.irregularity import LEVEL_STEPS, WARMUP, StepTimeBaseline
 from detectors.network_suspects import Topology, transfer_reference
 from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
@@ -55,6 +57,9 @@ from schemas.report import Detection, DiagnoserOutput, StepReport
 from schemas.wire import HeartbeatV1, IncidentV1, JobV1, Suspect
 
 _MEMBERSHIP_EVERY = 10  # relearn group membership every N steps (it rarely changes)
+# a suspect that costs this share of the job's step on a significant step has made that step
+# slow by itself (noise that reaches significance costs a few percent): see evidence.py
+MATERIAL_SHARE = 0.25
 
 
 class JobDiagnoser(Stateful):
@@ -77,6 +82,7 @@ class JobDiagnoser(Stateful):
         self.steps_seen = 0
         self.world = 0
         self._onset_baseline: dict[tuple[str, str], float] = {}
+        self.budget = StepBudget()
 
     # ---- inputs ---------------------------------------------------------------------------
     def on_steps(self, msg: RankStep) -> DiagnoserOutput:
@@ -122,6 +128,9 @@ class JobDiagnoser(Stateful):
             self.now_ns = max(self.now_ns, ev.ts_ns)
             return DiagnoserOutput()
         out = self.flush()
+        # nothing more will come: a rank that vanished is named now, whatever grace is left
+        out.extend(self._open_hang(
+            self.hang.exit_finding(self.now_ns, self._hang_timeout() * EXIT_GRACE, final=True)))
         for inc in list(self.book.open.values()):
             out.incidents.append(self._resolve(inc, inc.last_step))
         return out
@@ -134,12 +143,15 @@ class JobDiagnoser(Stateful):
             out.extend(self.on_frame(frame))
         return out.extend(self._check_hang())
 
+    def _hang_timeout(self) -> float:
+        """Seconds without progress that make a hang: in the job's own step times."""
+        return max(self.config.hang_timeout_s, self.config.hang_timeout_steps * self._baseline_s())
+
     def _check_hang(self) -> DiagnoserOutput:
+        return self._open_hang(self.hang.check(self.now_ns, self._hang_timeout()))
+
+    def _open_hang(self, finding: HangFinding | None) -> DiagnoserOutput:
         out = DiagnoserOutput()
-        timeout = max(
-            self.config.hang_timeout_s, self.config.hang_timeout_steps * self._baseline_s()
-        )
-        finding = self.hang.check(self.now_ns, timeout)
         if finding is not None and self._hang_incident() is None:
             inc = self.book.open_incident(
                 "hang",
@@ -183,6 +195,10 @@ class JobDiagnoser(Stateful):
                 zip(frame.rank.tolist(), [names[i] for i in frame.node.tolist()], strict=True)
             )
         step_time = float(np.median(feats.span_s))
+        self.budget.add(
+            float(np.median(feats.compute_s)), float(np.median(feats.comm_s - feats.wait_s)),
+            float(np.median(feats.wait_s)), float(np.median(feats.gap_s)),
+        )
         self.assembler.set_step_time(step_time)
         irr = self.baseline.update(step_time)
         stages = stage_keys(frame)
@@ -192,11 +208,15 @@ class JobDiagnoser(Stateful):
             frame, feats, ratio, self.topology, ref, self.noise, stages, self.waits
         )
         keep = {(culprit, kind) for kind, culprit in self.book.open}  # tracker keys
+        # The job's first steps are its warm-up (allocators, caches, the first batches), and
+        # the noise memory holds no spread yet: their suspects are reported, never evidence.
+        counted = cands if self.steps_seen > WARMUP else Candidates()
+        baseline = irr.baseline_s if np.isfinite(irr.baseline_s) else step_time
         confirmed = self.tracker.update(
-            frame.step, cands.entity, cands.kind, cands.z, cands.excess_s, cands.detail, keep
+            frame.step, counted.entity, counted.kind, counted.z, counted.excess_s,
+            counted.detail, keep, material_s=MATERIAL_SHARE * baseline,
         )
         touched: set[tuple[str, str]] = set()
-        baseline = irr.baseline_s if np.isfinite(irr.baseline_s) else step_time
         for tr in sorted(confirmed, key=lambda t: t.mean_z(), reverse=True):
             key = (tr.kind, tr.entity)
             inc = self.book.get(*key)
@@ -320,7 +340,7 @@ class JobDiagnoser(Stateful):
             frame.step,
             ts,
             f"job-wide step time shifted ×{ratio:.2f} (now {step_time:.2f} s) with no device "
-            "to blame: data, model or configuration change; baseline re-set",
+            f"to blame: {self.budget.explain(LEVEL_STEPS)}; baseline re-set",
         )
         inc.evidence_steps = 1
         inc.slowdown_sum = max(ratio, 1.0)

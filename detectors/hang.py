@@ -44,6 +44,8 @@ from detectors.base import Stateful
 from schemas.clock import NS_PER_S
 from schemas.wire import HeartbeatV1
 
+EXIT_GRACE = 0.2  # share of the hang timeout given to see who else vanished with a rank
+
 
 @dataclass(slots=True)
 class HangFinding:
@@ -67,6 +69,7 @@ class HangDetector(Stateful):
         self.moved = np.full(0, -1, dtype=np.int64)  # per rank: stream ns of its last progress
         self.group_size: dict[str, int] = {}  # members per group kind, from the job's layout
         self.untraced_home: str | None = None  # the one node all untraced ranks are on, if any
+        self.exits: dict[int, HeartbeatV1] = {}  # last heartbeats of ranks that vanished
         self._last_check_ns = 0
 
     def _grow(self, top: int) -> None:
@@ -116,6 +119,47 @@ class HangDetector(Stateful):
                 self.moved[hb.rank] = max(int(self.moved[hb.rank]), at)
         for op in hb.inflight:
             self.members.setdefault(op.group, set()).add(hb.rank)
+        if hb.exited is not None:
+            self.exits.setdefault(hb.rank, hb)
+        elif hb.rank in self.exits and hb.ts_ns > self.exits[hb.rank].ts_ns:
+            del self.exits[hb.rank]  # restarted (an elastic job): it is back
+
+    def exit_finding(self, now_ns: int, grace_s: float, final: bool = False
+                     ) -> HangFinding | None:
+        """The first rank whose process vanished (killed, crashed hard), once `grace_s` of
+        stream time has shown who else went with it (`final`: no more input will come, so
+        nothing is waited for; ranks within `grace_s` of the first still went with it).
+
+        When one rank dies its peers fail after it, in their collectives or by a launcher
+        killing them; the first to go is the cause. When most of the job vanishes at once
+        it was torn down (cancelled, preempted): nobody is to blame.
+        """
+        if not self.exits:
+            return None
+        first = min(self.exits.values(), key=lambda h: (h.ts_ns, h.rank))
+        grace_ns = grace_s * NS_PER_S
+        if not final and now_ns - first.ts_ns < grace_ns:
+            return None
+        together = sum(1 for h in self.exits.values() if h.ts_ns - first.ts_ns <= grace_ns)
+        known = max(len(self.last), int((self.done >= 0).sum()))
+        if 2 * together > known:
+            return None
+        where = " in " + ", ".join(sorted({f"{o.name} of {o.group}" for o in first.inflight}
+                                          )[:2]) if first.inflight else ""
+        later = len(self.exits) - 1
+        step = self._current_step(first.rank, first.step)  # its finished steps are newer
+        return HangFinding(
+            culprit=f"rank:{first.rank}",
+            onset_step=step,
+            suspects=[(f"rank:{first.rank}", 1.0)],
+            summary=(
+                f"rank {first.rank} ({first.node}) died in step {step}{where}: its "
+                f"process ended without a goodbye (killed, crashed hard or out of memory); "
+                f"the job cannot progress without it"
+                + (f", {later} more rank(s) vanished after it" if later else "")
+            ),
+            stuck_s=(now_ns - first.ts_ns) / NS_PER_S,
+        )
 
     def _progressing(self, rank: int, now_ns: int, limit: float) -> bool:
         """Did `rank`, or a peer in any of its groups, progress within `limit`?
@@ -157,6 +201,9 @@ class HangDetector(Stateful):
             return None
         self._last_check_ns = now_ns
         limit = (timeout_s or self.timeout_s) * NS_PER_S
+        died = self.exit_finding(now_ns, limit / NS_PER_S * EXIT_GRACE)
+        if died is not None or self.exits:
+            return died  # a dead rank explains every wait on it; until named, wait for it
         stuck: dict[tuple[str, int], set[int]] = {}
         info: dict[tuple[str, int], tuple[str, int, int]] = {}  # name, oldest start, step
         # a rank inside any op (and still beating) is waiting, not the root; a silent rank

@@ -2,8 +2,9 @@
 
 Launch delays and CPU contention (a data loader, a noisy neighbour, a throttled CPU) leave
 GPU durations normal and stretch the gaps between ops. Each rank's idle gap is compared with
-its stage peers in the same step, as a share of the stage's step span; a node's ranks are
-averaged, so one starved host stands out from the other hosts while a job-wide stall cancels.
+its stage peers in the same step, as a share of the stage's step span; a node counts what
+most of its ranks show, so one starved host stands out from the other hosts while a job-wide
+stall cancels.
 
 Three nodes of two ranks, each computing 2 × 10 ms; the ranks of node n1 wait 20 ms between
 their two kernels:
@@ -31,7 +32,7 @@ import numpy as np
 from detectors.candidates import Z_REPORT, Candidates
 from detectors.features import StepFeatures
 from detectors.noise import NoiseMemory
-from detectors.segments import grouped_median
+from detectors.segments import grouped_majority, grouped_median
 from schemas.frame import StepFrame
 
 # σ floor of the idle-gap share (0.3% of the step span): with identical hosts the spread is
@@ -60,9 +61,10 @@ def host_suspects(
     ref_span = grouped_median(feats.span_s, keys, n_keys)[keys]
     extra = feats.gap_s - ref_gap
     h = np.where(ref_span > 0, extra / np.maximum(ref_span, 1e-9), 0.0)
-    counts = np.bincount(frame.node, minlength=n_nodes)
-    node_h = np.bincount(frame.node, weights=h, minlength=n_nodes) / np.maximum(counts, 1)
-    node_extra = np.bincount(frame.node, weights=extra, minlength=n_nodes) / np.maximum(counts, 1)
+    # a host is starved when most of its ranks are: one rank's own stalls (its process
+    # throttled, its loader late) are that rank's, and its compute shows them too
+    node_h = np.nan_to_num(grouped_majority(h, frame.node, n_nodes))
+    node_extra = np.nan_to_num(grouped_majority(extra, frame.node, n_nodes))
     if n_nodes >= 3:
         sh = noise.sigma("host", node_h, _HOST_SIGMA_FLOOR)
     else:

@@ -62,6 +62,27 @@ def grouped_quantile(values: np.ndarray, keys: np.ndarray, n_keys: int, q: float
     return out
 
 
+def grouped_majority(values: np.ndarray, keys: np.ndarray, n_keys: int) -> np.ndarray:
+    """Per integer key, the largest value that most of its values reach (NaN for empty keys).
+
+    A node is slow when most of its ranks are: its median would let one rank of two (the
+    median of a pair is its mean) or a loud minority speak for the node. With n values this
+    is the ⌈n/2⌉-th smallest, so ⌊n/2⌋ + 1 of them are at least as large.
+
+    >>> grouped_majority(np.array([1.0, 9.0, 2.0, 3.0, 9.0]), np.array([0, 0, 1, 1, 1]), 2)
+    array([1., 3.])
+    """
+    out = np.full(n_keys, np.nan)
+    if values.size == 0:
+        return out
+    order = np.lexsort((values, keys))
+    k = keys[order]
+    starts = segment_starts(k)
+    ends = np.r_[starts[1:], k.size]
+    out[k[starts]] = values[order][starts + (ends - starts + 1) // 2 - 1]
+    return out
+
+
 def robust_sigma(x: np.ndarray, floor: float) -> float:
     """`MAD_TO_SIGMA` × MAD of the finite values, at least `floor` (also the answer for fewer
     than three values, whose MAD says nothing)."""

@@ -70,6 +70,11 @@ class HeartbeatV1(msgspec.Struct):
     ts_ns: int
     step: NonNeg
     inflight: list[InflightOp] = []
+    # Additive in v1: set on a rank's last heartbeat when its process ended without saying
+    # goodbye. "vanished": its socket closed with no goodbye (SIGKILL, a hard crash, the OOM
+    # killer); `step` and `inflight` are where it was. A rank that exits through Python
+    # (even on an exception) says goodbye and gets no such heartbeat.
+    exited: Literal["vanished"] | None = None
 
 
 class Layout(msgspec.Struct, omit_defaults=True):

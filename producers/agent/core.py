@@ -67,6 +67,7 @@ class CoreStats:
     samples: int = 0  # heartbeat samples taken (published or not)
     heartbeats: int = 0  # heartbeats published
     bad_frames: int = 0
+    vanished: int = 0  # ranks whose socket closed without a goodbye
 
 
 class AgentCore:
@@ -108,9 +109,24 @@ class AgentCore:
             return out
         raise FrameError(f"unknown frame type {ftype}")
 
-    def on_disconnect(self, conn: int) -> None:
-        """The rank's process closed its socket (or died): stop heartbeating it."""
-        self.ranks.pop(conn, None)
+    def on_disconnect(self, conn: int, *, broken: bool = False) -> list[Message]:
+        """The rank's socket closed: stop heartbeating it.
+
+        A rank that said goodbye is gone already. One that did not was killed or crashed
+        hard (no Python exit ran): its last heartbeat says so, with the step and ops it was
+        in, so the first rank to die is named instead of the peers that fail after it. A
+        connection the agent closed itself (`broken`: it broke the protocol) says nothing
+        about the process.
+        """
+        st = self.ranks.pop(conn, None)
+        if st is None or broken:
+            return []
+        self.stats.vanished += 1
+        msg = {
+            "v": 1, "job": st.hello.job, "rank": st.hello.rank, "node": st.node,
+            "ts_ns": self.now(), "step": st.step, "inflight": st.inflight, "exited": "vanished",
+        }
+        return [(topics.HEARTBEATS, st.hello.job.encode(), msgspec.json.encode(msg))]
 
     def heartbeats(self) -> list[Message]:
         """Sample every connected rank now; the heartbeats the cadence says to publish.

@@ -60,6 +60,7 @@ class AgentDaemon:
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = self._next_conn
         self._next_conn += 1
+        broken = False
         try:
             while True:
                 header = await reader.readexactly(HEADER.size)
@@ -72,9 +73,10 @@ class AgentDaemon:
             pass
         except FrameError as exc:
             self.core.stats.bad_frames += 1
+            broken = True
             log.warning("closing connection %d: %s", conn, exc)
         finally:
-            self.core.on_disconnect(conn)
+            self.outbox.put(self.core.on_disconnect(conn, broken=broken))
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()

@@ -3,8 +3,11 @@
 The hot path (one collective call) only appends a small list to the current step's rows and
 notes it as pending; everything costly (columns, offsets, JSON) happens once per step, off the
 training thread, in `steps_message` (through the one v1 builder, `schemas.steps_message`). A row is
-``[kind, name, group, seq, start_ns, end_ns, bytes]`` with ``end_ns == -1`` while the op is in
-flight, so the in-flight table that makes heartbeats is just the pending rows.
+``[kind, name, group, seq, start_ns, end_ns, bytes, blocks]`` with ``end_ns == -1`` while the op
+is in flight, so the in-flight table that makes heartbeats is just the pending rows. `blocks`
+says the training thread sat in the op until it ended (a synchronous collective or send/recv):
+a compute phase timed around such a call did not compute meanwhile, so the message carries the
+phase without it (`exclusive_compute`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import orjson
 
 from schemas.steps_message import steps_message as build_steps_message
 
-KIND, NAME, GROUP, SEQ, START, END, NBYTES = range(7)
+KIND, NAME, GROUP, SEQ, START, END, NBYTES, BLOCKS = range(8)
 COMPUTE, COLL, P2P = "compute", "coll", "p2p"
 MAX_INFLIGHT_REPORTED = 256
 
@@ -71,8 +74,9 @@ class OpLog:
     def rows(self) -> list[Row]:
         return self.rows_ref[0]
 
-    def begin(self, kind: str, name: str, group: str, seq: int, nbytes: int) -> Row:
-        row = [kind, name, group, seq, self.clock(), -1, nbytes]
+    def begin(self, kind: str, name: str, group: str, seq: int, nbytes: int,
+              blocks: bool = False) -> Row:
+        row = [kind, name, group, seq, self.clock(), -1, nbytes, blocks]
         self.rows_ref[0].append(row)
         self.pending[id(row)] = row
         return row
@@ -113,7 +117,7 @@ def steps_message(meta: RankMeta, cut: StepCut, now_ns: int) -> dict[str, Any]:
     the in-flight table keeps reporting them until they finish. Compute ops are numbered
     within the step, as the contract says.
     """
-    rows = cut.rows
+    rows = exclusive_compute(cut.rows)
     n = len(rows)
     if n == 0:
         return build_steps_message(
@@ -122,7 +126,7 @@ def steps_message(meta: RankMeta, cut: StepCut, now_ns: int) -> dict[str, Any]:
             t_end_ns=cut.boundary_ns, kind=[], name=[], group=[], seq=[], start_ns=[],
             dur_ns=[], bytes=[],
         )
-    kind, name, group, seq, start, end, nbytes = (list(c) for c in zip(*rows, strict=True))
+    kind, name, group, seq, start, end, nbytes, _ = (list(c) for c in zip(*rows, strict=True))
     start_a = np.fromiter(start, dtype=np.int64, count=n)
     end_a = np.fromiter(end, dtype=np.int64, count=n)
     end_a = np.where(end_a < 0, max(now_ns, cut.boundary_ns), end_a)
@@ -137,6 +141,43 @@ def steps_message(meta: RankMeta, cut: StepCut, now_ns: int) -> dict[str, Any]:
         kind=kind, name=name, group=group, seq=seq_a, start_ns=start_a - t0,
         dur_ns=end_a - start_a, bytes=np.fromiter(nbytes, dtype=np.int64, count=n),
     )
+
+
+def exclusive_compute(rows: list[Row]) -> list[Row]:
+    """`rows` with every compute phase cut around the blocking ops that ran inside it.
+
+    A phase is timed by module hooks around everything the thread did, and a tensor-parallel
+    forward calls its all-reduce from inside: timed whole, the forward of every rank of the
+    group includes the wait for its slowest member, and one slow rank reads as a slow node.
+    The thread computed only outside its blocking calls, so the phase becomes the pieces
+    between them (same name; the step's compute total is then what was computed). Async ops
+    run beside the thread and cut nothing.
+
+    >>> fwd = ["compute", "fwd", "", -1, 0, 100, 0, False]
+    >>> ar = ["coll", "all_reduce", "tp.0", 3, 40, 90, 64, True]
+    >>> [(r[1], r[4], r[5]) for r in exclusive_compute([fwd, ar])]
+    [('fwd', 0, 40), ('all_reduce', 40, 90), ('fwd', 90, 100)]
+    """
+    waits = [(r[START], r[END]) for r in rows if r[BLOCKS] and r[END] >= 0]
+    if not waits:
+        return rows
+    waits.sort()
+    out: list[Row] = []
+    for r in rows:
+        if r[KIND] != COMPUTE or r[END] < 0:
+            out.append(r)
+            continue
+        at = r[START]
+        for s, e in waits:
+            if e <= at or s >= r[END]:
+                continue
+            if s > at:
+                out.append([*r[:START], at, s, *r[END + 1:]])
+            at = max(at, e)
+        if at < r[END]:
+            out.append([*r[:START], at, r[END], *r[END + 1:]])
+    out.sort(key=lambda r: r[START])
+    return out
 
 
 def encode(msg: Mapping[str, Any]) -> bytes:

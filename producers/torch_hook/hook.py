@@ -224,11 +224,15 @@ class FlareHook:
         """Route DDP's gradient all-reduces through torch.distributed.all_reduce (timed).
 
         DDP's reducer calls the process group from C++, past any Python wrapper; its default
-        comm hook, registered explicitly, does the same all-reduce through the Python API.
+        comm hook, registered explicitly, does the same all-reduce through the Python API. The
+        hook's state is the model's own process group: with none, the default hook reduces
+        over the whole world, which for a DDP over a data-parallel subgroup would both change
+        the training and report every replica's gradients as one world collective.
         """
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        ddp_model.register_comm_hook(None, default_hooks.allreduce_hook)
+        ddp_model.register_comm_hook(getattr(ddp_model, "process_group", None),
+                                     default_hooks.allreduce_hook)
 
     # -- internals -------------------------------------------------------------------------
     def _cut(self) -> None:

@@ -201,10 +201,10 @@ class Patcher:
                     nbytes = t.nbytes if t is not None else 0
                 seq = info.seq
                 info.seq = seq + 1
-                row = [COLL, wire, info.name, seq, clock(), -1, nbytes]
+                is_async = args[a_pos] if n > a_pos >= 0 else kwargs.get(a_kw, False)
+                row = [COLL, wire, info.name, seq, clock(), -1, nbytes, not is_async]
                 rows[0].append(row)
                 pending[id(row)] = row
-                is_async = args[a_pos] if n > a_pos >= 0 else kwargs.get(a_kw, False)
             except Exception as exc:
                 stats.error(exc)
                 return orig(*args, **kwargs)
@@ -253,7 +253,8 @@ class Patcher:
                     src, dst = (info.me, peer) if is_send else (peer, info.me)
                     gname, seq = info.p2p_next(src, dst)
                     t = args[0] if args else kwargs.get("tensor")
-                    row = log.begin(P2P, wire, gname, seq, _nbytes(t, False))
+                    row = log.begin(P2P, wire, gname, seq, _nbytes(t, False),
+                                    blocks=not always_async)
                 except Exception as exc:
                     stats.error(exc)
                     row = None

@@ -14,9 +14,9 @@ from detectors.peers import stage_keys
 from detectors.testing import frame_of, rank_step
 
 
-def _job(steps: int, factor, seed: int = 0):
+def _job(steps: int, factor, seed: int = 0, slow_rank: int = -1):
     """4 stages × 4 data replicas × tp 2: one node per (stage, replica), 2 ranks each.
-    `factor(pp, dp)` multiplies that node's compute; 1% jitter."""
+    `factor(pp, dp)` multiplies that node's compute, and 3 that of `slow_rank`; 1% jitter."""
     rng = np.random.default_rng(seed)
     for s in range(steps):
         msgs = []
@@ -25,6 +25,7 @@ def _job(steps: int, factor, seed: int = 0):
                 for tp in range(2):
                     r = pp * 8 + dp * 2 + tp
                     c = 10.0 * factor(pp, dp) * (1 + 0.01 * rng.standard_normal())
+                    c *= 3.0 if r == slow_rank else 1.0
                     msgs.append(rank_step(r, f"n{pp}-{dp}", s, [
                         ("compute", "fwd", "", 0, 0.0, c, 0),
                         ("coll", "all_reduce", f"tp.{pp}-{dp}", s, c, 1.0, 1 << 20)],
@@ -52,3 +53,17 @@ def test_a_slow_node_in_one_stage_is_a_node_suspect():
 def test_a_data_replica_heavier_in_every_stage_is_workload_not_a_node():
     # sequence lengths: replica 1 carries 30% more tokens through all four stages
     assert _nodes_flagged(lambda pp, dp: 1.3 if dp == 1 else 1.0) == set()
+
+
+def test_one_slow_gpu_of_a_two_rank_node_is_that_gpu_not_its_node():
+    """A node is slow when most of its ranks are: the median of a pair is its mean, and one
+    GPU at 3× made its node look 2× slow (a throttled gloo rank opened a node incident)."""
+    noise, gpu, node = NoiseMemory(), Counter[str](), Counter[str]()
+    for frame in _job(12, lambda pp, dp: 1.0, slow_rank=18):  # rank 18 is on node n2-1
+        feats = step_features(frame)
+        out = Candidates()
+        compute_suspects(frame, feats, compute_ratio(frame, feats, stage_keys(frame)),
+                         noise, out)
+        gpu.update(e for e, k in zip(out.entity, out.kind, strict=True) if k == "gpu")
+        node.update(e for e, k in zip(out.entity, out.kind, strict=True) if k == "node")
+    assert gpu["rank:18"] >= 10 and node["node:n2-1"] == 0

@@ -237,3 +237,38 @@ def test_an_older_pipeline_recv_does_not_outrank_the_stuck_collective():
         d.observe(hb(5, t, [("pp.5-9", "recv", 7, 1.0)]))
     f = d.check(int(39 * S))
     assert f is not None and f.culprit == "node:n0", f.culprit
+
+
+def _vanished(rank: int, ts_s: float, step: int = 7, inflight=()) -> HeartbeatV1:
+    last = hb(rank, ts_s, inflight, step)
+    last.exited = "vanished"
+    return last
+
+
+def test_the_first_rank_to_vanish_is_named_not_the_peers_that_fail_after_it():
+    d = HangDetector(timeout_s=10.0)
+    for r in range(8):
+        d.observe(hb(r, 1.0, [("dp.0", "all_reduce", 3, 0.9)] if r else ()))
+    d.observe(_vanished(5, 2.0, inflight=[("tp.2", "all_reduce", 9, 1.8)]))
+    d.observe(_vanished(1, 2.9))  # a launcher kills a peer soon after
+    assert d.check(3 * S) is None  # within the grace: who else goes with it is not known yet
+    f = d.check(5 * S)
+    assert f is not None and f.culprit == "rank:5" and f.onset_step == 7
+    assert "rank 5 (n2) died in step 7 in all_reduce of tp.2" in f.summary
+    assert "1 more rank(s) vanished after it" in f.summary
+
+
+def test_a_job_torn_down_at_once_blames_nobody_and_a_restarted_rank_is_back():
+    d = HangDetector(timeout_s=10.0)
+    for r in range(4):
+        d.observe(hb(r, 1.0))
+    for r in range(4):
+        d.observe(_vanished(r, 2.0 + r * 0.01))  # cancelled: every rank within 30 ms
+    assert d.check(10 * S) is None
+    assert d.exit_finding(2 * S, 2.0, final=True) is None  # the job ended right then
+    d2 = HangDetector(timeout_s=10.0)
+    for r in range(4):
+        d2.observe(hb(r, 1.0))
+    d2.observe(_vanished(2, 2.0))
+    d2.observe(hb(2, 3.0))  # an elastic restart: it reports again
+    assert d2.exit_finding(10 * S, 2.0, final=True) is None

@@ -77,6 +77,26 @@ def test_heartbeats_report_inflight_since_when_and_stop_on_disconnect():
     assert [decode_heartbeat(v).rank for _t, _k, v in core.heartbeats()] == [0]
 
 
+def test_a_rank_that_vanishes_without_goodbye_gets_a_last_heartbeat_saying_so():
+    clock = FakeClock()
+    core = AgentCore("n1", clock)
+    core.on_frame(1, HELLO, hello(0))
+    core.on_frame(2, HELLO, hello(1))
+    core.on_frame(3, HELLO, hello(2))
+    core.on_frame(2, INFLIGHT, table(9, ("tp.0", 5, clock())))
+    clock.advance(3)
+    out = core.on_disconnect(2)  # killed: its socket closed, no goodbye
+    assert [(t, k) for t, k, _v in out] == [(topics.HEARTBEATS, b"j1")]
+    hb = decode_heartbeat(out[0][2])
+    assert (hb.rank, hb.step, hb.ts_ns, hb.exited) == (1, 9, clock(), "vanished")
+    assert [(o.group, o.seq) for o in hb.inflight] == [("tp.0", 5)]
+    assert core.stats.vanished == 1
+    core.on_frame(1, BYE, b"")  # rank 0 says goodbye, then its socket closes
+    assert core.on_disconnect(1) == []
+    assert core.on_disconnect(3, broken=True) == []  # the agent closed it: a protocol error
+    assert core.stats.vanished == 1
+
+
 def test_each_rank_follows_the_cadence_with_its_full_inflight_list():
     clock = FakeClock()
     core = AgentCore("n1", clock, cadence=Cadence(interval_s=1.0, keepalive_s=5.0, long_op_s=1.0))

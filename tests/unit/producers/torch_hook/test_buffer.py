@@ -125,3 +125,24 @@ def test_messages_have_the_contract_key_order():
     msg = steps_message(META, log.cut(), clock())
     assert list(msg) == ["v", "job", "rank", "node", "local_rank", "step", "t_start_ns",
                          "t_end_ns", "coords", "ops"]
+
+
+def test_a_phase_is_sent_without_the_blocking_collectives_called_inside_it():
+    """A tensor-parallel forward calls its all-reduce from inside the timed phase: the wait
+    for the group's slowest member is not this rank's compute, an async op's time is."""
+    clock = FakeClock(start_ns=1_000_000_000)
+    log = OpLog(clock)
+    fwd = log.begin(COMPUTE, "fwd", "", -1, 0)
+    clock.advance_ns(4_000)
+    ar = log.begin(COLL, "all_reduce", "tp.0", 3, 64, blocks=True)
+    clock.advance_ns(50_000)  # waits for a slow peer
+    log.end(ar)
+    bucket = log.begin(COLL, "all_reduce", "dp.0", 8, 4096)  # async: the thread goes on
+    clock.advance_ns(6_000)
+    log.end(bucket)
+    log.end(fwd)
+    m = decode_steps(encode(steps_message(META, log.cut(), clock())))
+    assert m.name == ["fwd", "all_reduce", "fwd", "all_reduce"]
+    assert m.start_ns.tolist() == [0, 4_000, 54_000, 54_000]
+    assert m.dur_ns.tolist() == [4_000, 50_000, 6_000, 6_000]
+    assert m.seq.tolist() == [0, 3, 1, 8]  # compute ops are numbered within the step

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from producers.torch_hook.buffer import END, GROUP, NAME, NBYTES, SEQ, OpLog
+from producers.torch_hook.buffer import BLOCKS, END, GROUP, NAME, NBYTES, SEQ, OpLog
 from producers.torch_hook.groups import GroupRegistry
 from producers.torch_hook.patch import HookStats, Patcher, TimedWork
 
@@ -131,3 +131,11 @@ def test_batch_records_each_op_with_its_peer():
     for q in reqs:
         q.wait()
     assert not log.pending
+
+
+def test_blocking_calls_are_marked_so_the_phase_around_them_excludes_them():
+    dist, log = install(0)
+    dist.send(Tensor(8), 1)
+    work = dist.isend(Tensor(8), 1)
+    work.wait()
+    assert [(r[NAME], r[BLOCKS]) for r in log.rows] == [("send", True), ("send", False)]
