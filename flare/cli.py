@@ -12,6 +12,7 @@ from flare.commands import (
     agent,
     api,
     diagnose,
+    drill,
     evaluate,
     replay,
     schemas,
@@ -26,7 +27,7 @@ app = typer.Typer(
     help="Flare: find the GPU, node, host or link that slows a distributed training job.",
 )
 
-for _module in (up, simulate, replay, diagnose, evaluate, worker, api, agent, schemas):
+for _module in (up, simulate, replay, diagnose, evaluate, drill, worker, api, agent, schemas):
     _module.register(app)
 
 

@@ -1,0 +1,96 @@
+"""`flare drill`: real training on the run's own hosts, one real fault, Flare's verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from flare.drill.run import DrillResult
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("drill")
+    def drill_cmd(
+        fault: str = typer.Option(
+            "none", "--fault",
+            help="none | slow-rank (cgroup CPU quota) | nic (tbf on its NIC) | flapping-nic "
+                 "| freeze (cgroup freezer) | kill (SIGKILL)"),
+        ranks: int = typer.Option(8, help="training ranks (torch gloo)"),
+        nodes: int = typer.Option(4, help="nodes: one network namespace each"),
+        pp: int = typer.Option(2, help="pipeline stages the nodes are split into"),
+        steps_before: int = typer.Option(40, help="steps trained before the fault"),
+        steps_after: int = typer.Option(40, help="steps trained with the fault"),
+        seed: int = typer.Option(0, help="picks the faulty rank or node"),
+        repeat: int = typer.Option(1, min=1, help="drills to run, with seeds seed, seed+1, ..."),
+        cpus: float = typer.Option(0.1, help="slow-rank: its CPU quota, in CPUs"),
+        mbit: float = typer.Option(20.0, help="nic: the rate its NIC is held to, Mbit/s"),
+        workdir: Path = typer.Option(Path("drill-runs"), help="logs and recordings go here"),
+        as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
+    ) -> None:
+        """Inject one real fault into real training and check that Flare names it.
+
+        Exits 0 when the first incident after the fault names the right culprit and kind
+        (for `none`: when no device incident opened) in every drill, 1 when it does not, 2
+        when the drill cannot run. With --repeat, one verdict per drill and a tally.
+        """
+        import dataclasses
+
+        from flare.drill.run import DrillError, DrillSpec, run_drill
+
+        try:
+            spec = DrillSpec(fault=fault, ranks=ranks, nodes=nodes, pp=pp,
+                             steps_before=steps_before, steps_after=steps_after, seed=seed,
+                             cpus=cpus, mbit=mbit, workdir=workdir)
+        except ValueError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+        def say(text: str) -> None:
+            if not as_json:
+                typer.echo(text, err=True)
+
+        passed = 0
+        for i in range(repeat):
+            try:
+                res = run_drill(dataclasses.replace(spec, seed=seed + i), say)
+            except DrillError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2) from None
+            _show(res, as_json)
+            passed += res.passed
+        if repeat > 1 and not as_json:
+            typer.echo(f"{fault}: {passed} of {repeat} drills passed")
+        if passed < repeat:
+            raise typer.Exit(1)
+
+
+def _show(res: DrillResult, as_json: bool) -> None:
+    """One drill's verdict: a JSON line, or the incidents next to the truth."""
+    import msgspec
+
+    t = res.truth
+    if as_json:
+        typer.echo(msgspec.json.encode({
+            "passed": res.passed,
+            "truth": {"fault": t.fault, "kind": t.kind, "culprit": t.culprit,
+                      "onset_step": t.onset_step},
+            "found": res.found,
+            "latency_steps": res.latency_steps,
+            "false_device_incidents": res.false_device,
+            "incidents": sorted(res.incidents, key=lambda i: (i.opened_step, i.id)),
+            "steps": res.steps,
+            "rootless": res.rootless,
+            "recording": str(res.recording),
+        }).decode())
+        return
+    typer.echo(f"truth: {t.fault} on {t.culprit or '-'} (expect {t.kind or 'nothing'}) "
+               f"from step {t.onset_step if t.onset_step is not None else '-'}")
+    for i in sorted(res.incidents, key=lambda i: (i.opened_step, i.id)):
+        mark = "*" if i is res.found else ("!" if i in res.false_device else " ")
+        typer.echo(f"{mark} step {i.opened_step:>4} {i.kind:<5} {i.culprit:<14} "
+                   f"{i.status:<8} {i.summary}")
+    typer.echo(("PASS" if res.passed else "FAIL")
+               + (f" in {res.latency_steps} step(s)" if res.latency_steps is not None else ""))

@@ -1,0 +1,244 @@
+"""Real faults, each applied and undone: a CPU quota, a freeze, a kill, a NIC rate limit.
+
+These are the kernel's own mechanisms, not sleeps inside the training code:
+- `CpuQuota`: a cgroup v1 `cpu` group whose CFS quota lets the process run only a fraction
+  of one CPU. For a training rank this is the CPU analogue of a throttled GPU: everything it
+  computes takes longer, and it never stops.
+- `Freeze`: the cgroup v1 `freezer` (SIGSTOP where the freezer is missing): the process makes
+  no progress at all, a hang.
+- `Kill`: SIGKILL.
+- `RateLimit`: a `tbf` qdisc on an interface: everything it sends is held to a rate. Shaping a
+  NIC in both directions takes two (one on each end of a veth, or the NIC and its peer).
+- `Flapping`: a `RateLimit` switched on and off on a period, on a thread of its own.
+
+Every fault is idempotent to undo, and undoing leaves nothing behind (the cgroup directory is
+removed, the qdisc deleted), so a drill or `flare chaos` can always clean up on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CFS_PERIOD_US = 100_000
+
+
+class FaultError(RuntimeError):
+    """A fault could not be applied (no permission, no controller, no such process)."""
+
+
+class Fault(Protocol):
+    """What every fault does: start, and be undone (undo twice is harmless)."""
+
+    def apply(self) -> None: ...
+
+    def undo(self) -> None: ...
+
+
+def _write(path: Path, value: str) -> None:
+    try:
+        path.write_text(value)
+    except OSError as exc:
+        raise FaultError(f"cannot write {value!r} to {path}: {exc.strerror}") from None
+
+
+def _procs_of(group: Path) -> list[int]:
+    with contextlib.suppress(OSError):
+        return [int(x) for x in (group / "cgroup.procs").read_text().split()]
+    return []
+
+
+@dataclass(slots=True)
+class _Cgroup:
+    """A cgroup v1 directory of one controller holding `pid`, removed on `leave`."""
+
+    controller: str
+    name: str
+    root: Path = CGROUP_ROOT
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.controller / self.name
+
+    def enter(self, pid: int) -> None:
+        base = self.root / self.controller
+        if not (base / "cgroup.procs").exists():
+            raise FaultError(f"no cgroup v1 '{self.controller}' controller at {base}")
+        try:
+            self.path.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise FaultError(f"cannot create {self.path}: {exc.strerror}") from None
+        _write(self.path / "cgroup.procs", str(pid))
+
+    def leave(self) -> None:
+        if not self.path.exists():
+            return
+        for pid in _procs_of(self.path):  # back to the controller's root group
+            with contextlib.suppress(OSError):
+                (self.root / self.controller / "cgroup.procs").write_text(str(pid))
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+@dataclass(slots=True)
+class CpuQuota:
+    """Hold process `pid` (all its threads) to `cpus` of one CPU with a CFS quota."""
+
+    pid: int
+    cpus: float
+    name: str = "flare-cpu-quota"
+    root: Path = CGROUP_ROOT
+    _group: _Cgroup = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not 0.01 <= self.cpus <= 64:
+            raise ValueError("cpus is a share of one CPU between 0.01 and 64")
+        self._group = _Cgroup("cpu", self.name, self.root)
+
+    def apply(self) -> None:
+        self._group.enter(self.pid)
+        _write(self._group.path / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+        _write(self._group.path / "cpu.cfs_quota_us", str(int(self.cpus * CFS_PERIOD_US)))
+
+    def undo(self) -> None:
+        if self._group.path.exists():
+            with contextlib.suppress(OSError):
+                (self._group.path / "cpu.cfs_quota_us").write_text("-1")
+        self._group.leave()
+
+
+@dataclass(slots=True)
+class Freeze:
+    """Stop process `pid` with the cgroup freezer, or SIGSTOP where there is none."""
+
+    pid: int
+    name: str = "flare-freeze"
+    root: Path = CGROUP_ROOT
+    _group: _Cgroup = field(init=False)
+    _signalled: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self._group = _Cgroup("freezer", self.name, self.root)
+
+    def apply(self) -> None:
+        try:
+            self._group.enter(self.pid)
+        except FaultError:
+            _signal(self.pid, signal.SIGSTOP)
+            self._signalled = True
+            return
+        _write(self._group.path / "freezer.state", "FROZEN")
+
+    def undo(self) -> None:
+        if self._signalled:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGCONT)
+            self._signalled = False
+        if self._group.path.exists():
+            with contextlib.suppress(OSError):
+                (self._group.path / "freezer.state").write_text("THAWED")
+        self._group.leave()
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        raise FaultError(f"no process {pid}") from None
+    except PermissionError:
+        raise FaultError(f"not allowed to signal process {pid}") from None
+
+
+@dataclass(slots=True)
+class Kill:
+    """SIGKILL process `pid`; there is nothing to undo."""
+
+    pid: int
+
+    def apply(self) -> None:
+        _signal(self.pid, signal.SIGKILL)
+
+    def undo(self) -> None:
+        return None
+
+
+def _tc(netns: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    try:
+        return subprocess.run([*prefix, "tc", *args], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise FaultError("the `tc` tool (iproute2) is not installed") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Interface:
+    """A network interface, in a namespace or (netns None) in the current one."""
+
+    dev: str
+    netns: str | None = None
+
+
+@dataclass(slots=True)
+class RateLimit:
+    """Hold what each of `interfaces` sends to `mbit` Mbit/s with a token bucket (tbf)."""
+
+    interfaces: Sequence[Interface]
+    mbit: float
+
+    def __post_init__(self) -> None:
+        if not 0.01 <= self.mbit <= 100_000:
+            raise ValueError("a rate between 0.01 and 100000 Mbit/s")
+
+    def apply(self) -> None:
+        rate = f"{int(self.mbit * 1000)}kbit"
+        # a bucket of ~10 ms at the rate, at least two full frames; packets wait at most 1 s
+        burst = max(int(self.mbit * 1e6 / 8 / 100), 3200)
+        for i in self.interfaces:
+            out = _tc(i.netns, "qdisc", "replace", "dev", i.dev, "root", "tbf", "rate", rate,
+                      "burst", str(burst), "latency", "1s")
+            if out.returncode != 0:
+                self.undo()
+                raise FaultError(f"tc on {i.dev}: {out.stderr.strip()}")
+
+    def undo(self) -> None:
+        for i in self.interfaces:
+            _tc(i.netns, "qdisc", "del", "dev", i.dev, "root")  # absent already: harmless
+
+
+@dataclass(slots=True)
+class Flapping:
+    """`limit` on for `on_s`, off for `off_s`, again and again until undone."""
+
+    limit: RateLimit
+    on_s: float
+    off_s: float
+    _stop: threading.Event = field(init=False, default_factory=threading.Event)
+    _thread: threading.Thread | None = field(init=False, default=None)
+
+    def apply(self) -> None:
+        self.limit.apply()  # fails here, loudly, if tc cannot shape the interface
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="flare-flap", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        on = True
+        while not self._stop.wait(self.on_s if on else self.off_s):
+            on = not on
+            with contextlib.suppress(FaultError):
+                self.limit.apply() if on else self.limit.undo()
+
+    def undo(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+        self.limit.undo()

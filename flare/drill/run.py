@@ -1,0 +1,348 @@
+"""One drill: real training on a run's own hosts, one real fault, Flare's verdict next to it.
+
+The drill builds `nodes` network namespaces (`testbed`), starts one `flare agent` in each and
+the ranks of `flare.drill.train` on them, waits until the job has trained `steps_before`
+steps, injects the fault (`faults`), lets the job train `steps_after` more steps (a hang: a
+fixed wait past Flare's hang timeout), undoes the fault and stops everything. Each node's agent
+writes what it would publish as a recording; the recordings are merged in time order and run
+through the same detectors as the worker (`flare.offline`). The verdict compares the first
+incident opened after the fault with the truth, and counts device incidents on a clean run.
+
+Without root there are no namespaces, cgroups or qdiscs: every rank runs on one host, and
+only the faults that need none (freeze through SIGSTOP, kill, none) can be drilled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from flare.drill.faults import (
+    CpuQuota,
+    Fault,
+    Flapping,
+    Freeze,
+    Interface,
+    Kill,
+    RateLimit,
+)
+from flare.drill.testbed import Host, Testbed
+from schemas.wire import IncidentV1
+
+FAULTS = ("none", "slow-rank", "nic", "flapping-nic", "freeze", "kill")
+ROOTLESS_FAULTS = ("none", "freeze", "kill")
+# what a correct diagnosis of each fault reports: (incident kind, entity kind of the culprit)
+EXPECTED_KIND = {"slow-rank": "gpu", "nic": "link", "flapping-nic": "link", "freeze": "hang",
+                 "kill": "hang"}
+HANG_WAIT_S = 30.0  # a hang is left this long: past Flare's hang timeout (10 s floor) + beats
+KILL_WAIT_S = 10.0  # after a kill, its peers fail in their collectives within seconds
+
+
+class DrillError(RuntimeError):
+    """The drill could not run (no root for this fault, training failed to start, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DrillSpec:
+    """What to run and what to inject."""
+
+    fault: str = "none"
+    ranks: int = 8
+    nodes: int = 4
+    pp: int = 2
+    steps_before: int = 40
+    steps_after: int = 40
+    batch: int = 24
+    seed: int = 0
+    cpus: float = 0.1  # slow-rank: the rank's CPU quota, in CPUs
+    mbit: float = 20.0  # nic: the rate its NIC is held to
+    flap_s: float = 2.0  # flapping-nic: seconds on, then off
+    workdir: Path = Path("drill-runs")
+    tag: str = ""
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"unknown fault {self.fault!r}; one of {', '.join(FAULTS)}")
+        if self.ranks < 2 or self.nodes < 1 or self.ranks % self.nodes:
+            raise ValueError("at least 2 ranks, spread evenly over the nodes")
+        if self.nodes % self.pp:
+            raise ValueError("the nodes must split evenly into the pipeline stages")
+        if self.steps_before < 10 or self.steps_after < 5:
+            raise ValueError("at least 10 steps before the fault and 5 after")
+
+    @property
+    def per_node(self) -> int:
+        return self.ranks // self.nodes
+
+
+@dataclass(frozen=True, slots=True)
+class Truth:
+    """The injected fault: what was done to which entity, and the first step it touched."""
+
+    fault: str
+    kind: str | None  # the incident kind a correct diagnosis reports (None: no fault)
+    culprit: str | None  # rank:<n> or node:<name>
+    onset_step: int | None  # the first step that ran wholly under the fault (latency from it)
+
+
+@dataclass(slots=True)
+class DrillResult:
+    truth: Truth
+    incidents: list[IncidentV1]
+    steps: int
+    rootless: bool
+    recording: Path
+    found: IncidentV1 | None = None  # the first incident opened at or after the fault
+    false_device: list[IncidentV1] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        if self.truth.culprit is None:
+            return not self.false_device
+        f = self.found
+        return (f is not None and f.culprit == self.truth.culprit
+                and f.kind == self.truth.kind and not self.false_device)
+
+    @property
+    def latency_steps(self) -> int | None:
+        if self.found is None or self.truth.onset_step is None:
+            return None
+        return self.found.opened_step - self.truth.onset_step
+
+
+def judge(truth: Truth, incidents: list[IncidentV1]) -> tuple[IncidentV1 | None,
+                                                             list[IncidentV1]]:
+    """The incident that answers the fault, and the device incidents that are false.
+
+    Job-level incidents (`job`: a shift with no device to blame) are never false alarms: the
+    fault itself shifts the job's step time. A device incident opened before the fault, or
+    after it on another entity, is false. The step in progress when the fault began is
+    already touched by it.
+    """
+    ordered = sorted(incidents, key=lambda i: (i.opened_step, i.id))
+    device = [i for i in ordered if i.kind != "job"]
+    if truth.onset_step is None:
+        return None, device
+    before = [i for i in device if i.opened_step < truth.onset_step - 1]
+    after = [i for i in device if i.opened_step >= truth.onset_step - 1]
+    found = after[0] if after else None
+    wrong = [i for i in after if i.culprit != truth.culprit]
+    return found, before + wrong
+
+
+def _say_nothing(_text: str) -> None:
+    return None
+
+
+def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> DrillResult:
+    """Run one drill end to end; raises DrillError when it cannot run at all."""
+    rootless = os.geteuid() != 0
+    if rootless and spec.fault not in ROOTLESS_FAULTS:
+        raise DrillError(
+            f"fault {spec.fault!r} needs root (network namespaces, cgroups and tc are "
+            f"root-only); without root only {', '.join(ROOTLESS_FAULTS)} can be drilled")
+    tag = spec.tag or f"d{os.getpid() % 100000}s{spec.seed}"  # one folder per drill
+    out = spec.workdir / tag
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(spec.seed)
+    with contextlib.ExitStack() as stack:
+        hosts = _hosts(spec, tag, rootless, stack)
+        job = f"drill-{tag}"
+        agents = [_agent(h, out, stack) for h in hosts]
+        ranks = _ranks(spec, hosts, job, out, stack)
+        say(f"training: {spec.ranks} ranks on {len(hosts)} node(s), job {job}")
+        _wait_steps(agents[0], spec.steps_before, ranks, spec)
+        truth, fault = _fault(spec, rng, hosts, ranks, agents)
+        if fault is not None:
+            stack.callback(fault.undo)
+            fault.apply()
+            say(f"fault {spec.fault} on {truth.culprit} from step {truth.onset_step}")
+        if spec.fault == "freeze":
+            time.sleep(HANG_WAIT_S)
+        elif spec.fault == "kill":
+            time.sleep(KILL_WAIT_S)
+        else:
+            _wait_steps(agents[0], spec.steps_before + spec.steps_after, ranks, spec)
+        if fault is not None:
+            fault.undo()
+        _stop_all(ranks)
+    recording = out / "recording.jsonl"
+    n = merge_recordings(agents, recording)
+    incidents, steps = _diagnose(recording)
+    found, false_device = judge(truth, incidents)
+    say(f"{n} messages recorded, {steps} job steps diagnosed")
+    return DrillResult(truth, incidents, steps, rootless, recording, found, false_device)
+
+
+@dataclass(frozen=True, slots=True)
+class _Agent:
+    host: Host
+    out: Path  # its recording (what it would publish)
+    socket: Path
+
+
+def _hosts(spec: DrillSpec, tag: str, rootless: bool,
+           stack: contextlib.ExitStack) -> list[Host]:
+    if rootless:
+        return [Host("node-0", "", "127.0.0.1", "lo", "")]
+    bed = stack.enter_context(Testbed(tag=tag, nodes=spec.nodes,
+                                      subnet=60 + os.getpid() % 150))
+    return bed.hosts
+
+
+def _in_host(h: Host, argv: list[str]) -> list[str]:
+    return h.argv(argv) if h.netns else argv
+
+
+def _agent(h: Host, out: Path, stack: contextlib.ExitStack) -> _Agent:
+    sock = out / f"{h.name}.sock"
+    with contextlib.suppress(FileNotFoundError):
+        sock.unlink()
+    rec = out / f"{h.name}.jsonl"
+    argv = [sys.executable, "-m", "flare", "agent", "--dry-run", "--socket", str(sock),
+            "--node", h.name, "--interval", "0.5"]
+    with open(rec, "wb") as f, open(out / f"{h.name}.agent.log", "wb") as log:
+        p = subprocess.Popen(_in_host(h, argv), stdout=f, stderr=log)
+    stack.callback(_stop, p)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if p.poll() is not None or time.monotonic() > deadline:
+            raise DrillError(f"the agent of {h.name} did not start: see {log.name}")
+        time.sleep(0.05)
+    return _Agent(h, rec, sock)
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def _stop_all(ranks: list[subprocess.Popen[bytes]]) -> None:
+    """End training as a scheduler does: SIGTERM (the ranks exit through Python and say
+    goodbye), SIGKILL only for a rank still there after a while."""
+    for p in ranks:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + 20
+    for p in ranks:
+        try:
+            p.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def _ranks(spec: DrillSpec, hosts: list[Host], job: str, out: Path,
+           stack: contextlib.ExitStack) -> list[subprocess.Popen[bytes]]:
+    procs = []
+    per_node = spec.ranks // len(hosts)
+    master = f"{hosts[0].address}:{29500 + os.getpid() % 1000}"
+    for r in range(spec.ranks):
+        h = hosts[r // per_node]
+        env = dict(os.environ, FLARE_AGENT="1", FLARE_JOB=job, FLARE_NODE=h.name,
+                   FLARE_AGENT_SOCKET=str(out / f"{h.name}.sock"), LOCAL_RANK=str(r % per_node),
+                   GLOO_SOCKET_IFNAME=h.nic, OMP_NUM_THREADS="1")
+        argv = [sys.executable, "-m", "flare.drill.train", "--rank", str(r), "--world",
+                str(spec.ranks), "--per-node", str(per_node),
+                "--pp", str(spec.pp if len(hosts) > 1 else 1), "--master", master,
+                "--batch", str(spec.batch)]
+        with open(out / f"rank{r}.log", "wb") as log:
+            p = subprocess.Popen(_in_host(h, argv), env=env, stdout=log, stderr=log)
+        stack.callback(_stop, p)
+        procs.append(p)
+    return procs
+
+
+def _newest_step(agent: _Agent) -> int:
+    """The newest step any rank of `agent`'s node finished (from its recording)."""
+    newest = -1
+    with contextlib.suppress(FileNotFoundError), open(agent.out, "rb") as f:
+        for line in f:
+            if b'"flare.steps.v1"' in line and line.endswith(b"\n"):
+                newest = max(newest, int(orjson.loads(line)["value"]["step"]))
+    return newest
+
+
+def _wait_steps(agent: _Agent, step: int, ranks: list[subprocess.Popen[bytes]],
+                spec: DrillSpec) -> None:
+    deadline = time.monotonic() + 120 + 5 * step
+    while _newest_step(agent) < step:
+        failed = [i for i, p in enumerate(ranks) if p.poll() not in (None, 0)]
+        if failed:
+            raise DrillError(f"rank {failed[0]} exited before step {step}: see "
+                             f"rank{failed[0]}.log in {spec.workdir}")
+        if time.monotonic() > deadline:
+            raise DrillError(f"the job did not reach step {step} in time")
+        time.sleep(0.25)
+
+
+def _fault(spec: DrillSpec, rng: random.Random, hosts: list[Host],
+           ranks: list[subprocess.Popen[bytes]], agents: list[_Agent]
+           ) -> tuple[Truth, Fault | None]:
+    """Pick the target with the drill's seed and build its fault (not applied yet)."""
+    onset = _newest_step(agents[0]) + 2  # the step after the one it lands in
+    if spec.fault == "none":
+        return Truth("none", None, None, None), None
+    if spec.fault in ("nic", "flapping-nic"):
+        h = hosts[rng.randrange(len(hosts))]
+        limit = RateLimit([Interface(h.nic, h.netns), Interface(h.hub_side, _hub(h))],
+                          spec.mbit)
+        fault: Fault = (limit if spec.fault == "nic"
+                        else Flapping(limit, spec.flap_s, spec.flap_s))
+        return Truth(spec.fault, "link", f"node:{h.name}", onset), fault
+    r = rng.randrange(spec.ranks)
+    pid = ranks[r].pid  # `ip netns exec` execs the command: the pid is the rank's own
+    name = f"flare-{spec.tag or os.getpid()}-{r}"
+    built: Fault
+    if spec.fault == "slow-rank":
+        built = CpuQuota(pid, spec.cpus, name=name)
+    elif spec.fault == "freeze":
+        built = Freeze(pid, name=name)
+    else:
+        built = Kill(pid)
+    return Truth(spec.fault, EXPECTED_KIND[spec.fault], f"rank:{r}", onset), built
+
+
+def _hub(h: Host) -> str:
+    """The hub namespace of a node of the testbed (its name's run prefix + '-hub')."""
+    return h.netns.rsplit("-", 1)[0] + "-hub"
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                continue  # the agent was stopped mid-line: nothing it published is lost
+            m = orjson.loads(line)
+            v = m["value"]
+            yield int(v.get("t_end_ns") or v.get("ts_ns") or 0), line
+
+
+def merge_recordings(agents: list[_Agent], out: Path) -> int:
+    """Merge the agents' recordings into one, in event-time order (the broker's role)."""
+    events = sorted((e for a in agents for e in _lines(a.out)), key=lambda e: e[0])
+    with open(out, "wb") as f:
+        for _, line in events:
+            f.write(line)
+    return len(events)
+
+
+def _diagnose(recording: Path) -> tuple[list[IncidentV1], int]:
+    from flare.offline import diagnose_messages, recording_messages
+
+    res = diagnose_messages(recording_messages(str(recording)))
+    return list(res.incidents.values()), res.steps
