@@ -92,6 +92,10 @@ class HangDetector(Stateful):
         self.done[ranks] = np.maximum(self.done[ranks], step)  # a step's ranks are unique
         self.moved[ranks] = np.maximum(self.moved[ranks], ends_ns)
 
+    def _finished(self, rank: int, step: int) -> bool:
+        """Has `rank` finished `step` (its step message was read)?"""
+        return rank < self.done.size and int(self.done[rank]) >= step
+
     def _current_step(self, rank: int, fallback: int) -> int:
         hb = self.last.get(rank)
         after = int(self.done[rank]) + 1 if rank < self.done.size and self.done[rank] >= 0 else -1
@@ -207,8 +211,13 @@ class HangDetector(Stateful):
         stuck: dict[tuple[str, int], set[int]] = {}
         info: dict[tuple[str, int], tuple[str, int, int]] = {}  # name, oldest start, step
         # a rank inside any op (and still beating) is waiting, not the root; a silent rank
-        # (no heartbeat for a timeout) may have died inside its op: it can be the root
-        busy = {r for r, hb in self.last.items() if hb.inflight and now_ns - hb.ts_ns <= limit}
+        # (no heartbeat for a timeout) may have died inside its op: it can be the root. A
+        # table from a step the rank has since finished is stale (the rank stopped before
+        # its hook sent a newer one): its ops ended, and where it is now is unknown
+        busy = {
+            r for r, hb in self.last.items()
+            if hb.inflight and now_ns - hb.ts_ns <= limit and not self._finished(r, hb.step)
+        }
         for rank, hb in self.last.items():
             if rank not in busy:
                 continue

@@ -239,6 +239,22 @@ def test_an_older_pipeline_recv_does_not_outrank_the_stuck_collective():
     assert f is not None and f.culprit == "node:n0", f.culprit
 
 
+def test_a_rank_frozen_before_its_hook_sent_a_newer_table_is_still_the_root():
+    """Frozen in step 9, rank 1's last in-flight table is from step 7 (a recv it finished
+    long ago; the agent repeats it in every keepalive). Taken at its word, rank 1 waits too,
+    nobody is missing, and a pipeline group of one read as a communication hang."""
+    d = HangDetector(timeout_s=10)
+    d.learn_members("tp.0", {0, 1})
+    d.learn_members("pp.0.1-0", {0, 1})
+    d.steps_done(np.array([0, 1]), 8, np.array([0, 0]))
+    for t in range(1, 25):
+        d.observe(hb(1, t, [("pp.0.1-0", "recv", 14, 0.5)], step=7))  # stale, repeated
+        d.observe(hb(0, t, [("tp.0", "all_reduce", 18, 1.0)], step=9))
+    f = d.check(int(24 * S))
+    assert f is not None and f.culprit == "rank:1", f
+    assert "stopped in step 9" in f.summary, f.summary
+
+
 def _vanished(rank: int, ts_s: float, step: int = 7, inflight=()) -> HeartbeatV1:
     last = hb(rank, ts_s, inflight, step)
     last.exited = "vanished"
