@@ -128,9 +128,6 @@ class JobDiagnoser(Stateful):
             self.now_ns = max(self.now_ns, ev.ts_ns)
             return DiagnoserOutput()
         out = self.flush()
-        # nothing more will come: a rank that vanished is named now, whatever grace is left
-        out.extend(self._open_hang(
-            self.hang.exit_finding(self.now_ns, self._hang_timeout() * EXIT_GRACE, final=True)))
         for inc in list(self.book.open.values()):
             out.incidents.append(self._resolve(inc, inc.last_step))
         return out
@@ -168,10 +165,14 @@ class JobDiagnoser(Stateful):
         return out
 
     def flush(self) -> DiagnoserOutput:
-        """End of input: assemble what is pending."""
+        """End of input (the job ended, went idle, or the recording ran out): assemble what
+        is pending, and name a rank that vanished whatever grace is left (the peers that
+        fail after a killed rank 0 end the stream with no `end` event)."""
         out = DiagnoserOutput()
         for frame in self.assembler.flush():
             out.extend(self.on_frame(frame))
+        out.extend(self._open_hang(
+            self.hang.exit_finding(self.now_ns, self._hang_timeout() * EXIT_GRACE, final=True)))
         return out
 
     # ---- one step -------------------------------------------------------------------------
