@@ -11,6 +11,7 @@ import typer
 from flare.commands import (
     agent,
     api,
+    chaos,
     diagnose,
     drill,
     evaluate,
@@ -27,7 +28,8 @@ app = typer.Typer(
     help="Flare: find the GPU, node, host or link that slows a distributed training job.",
 )
 
-for _module in (up, simulate, replay, diagnose, evaluate, drill, worker, api, agent, schemas):
+for _module in (up, simulate, replay, diagnose, evaluate, drill, chaos, worker, api, agent,
+                schemas):
     _module.register(app)
 
 

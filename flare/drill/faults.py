@@ -76,7 +76,12 @@ class _Cgroup:
             self.path.mkdir(exist_ok=True)
         except OSError as exc:
             raise FaultError(f"cannot create {self.path}: {exc.strerror}") from None
-        _write(self.path / "cgroup.procs", str(pid))
+        try:
+            _write(self.path / "cgroup.procs", str(pid))
+        except FaultError:
+            self.leave()  # no process (or not allowed): leave no empty group behind
+            raise FaultError(f"cannot move process {pid} into {self.path}: no such process, "
+                             "or not allowed") from None
 
     def leave(self) -> None:
         if not self.path.exists():

@@ -1,0 +1,75 @@
+"""`flare chaos`: it refuses to guess a target, and a real fault is applied, then undone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flare.cli import app
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, ["chaos", *args])
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--duration", "1"], "exactly one target"),
+    (["--duration", "1", "--freeze", "1", "--cpu-quota", "1"], "exactly one target"),
+    (["--duration", "0", "--freeze", "1"], "--duration must be > 0"),
+    (["--duration", "1", "--cpu-quota", "1", "--cpus", "0"], "cpus is a share"),
+])
+def test_it_refuses_without_one_clear_target(args: list[str], says: str) -> None:
+    out = run(*args)
+    assert out.exit_code == 2 and says in out.output
+    assert len(out.output.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (CPU_CGROUP / "cgroup.procs").exists(),
+                    reason="cgroup v1 cpu needs root and the controller")
+def test_a_cpu_quota_is_applied_then_undone_and_a_missing_process_is_one_line() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        out = run("--cpu-quota", str(child.pid), "--cpus", "0.2", "--duration", "0.3")
+        assert out.exit_code == 0, out.output
+        assert f"applied: CPU quota 0.2 on process {child.pid}" in out.output
+        assert "undone:" in out.output
+        assert not (CPU_CGROUP / f"flare-chaos-{child.pid}").exists()  # nothing left behind
+        assert str(child.pid) in (CPU_CGROUP / "cgroup.procs").read_text().split()
+    finally:
+        child.kill()
+        child.wait()
+    out = run("--cpu-quota", str(child.pid), "--duration", "0.3")  # it is gone now
+    assert out.exit_code == 2 and out.output.startswith("error:")
+    assert not (CPU_CGROUP / f"flare-chaos-{child.pid}").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or subprocess.run(["which", "tc"], capture_output=True)
+                    .returncode != 0, reason="namespaces and tc need root and iproute2")
+def test_a_rate_limit_is_on_while_it_lasts_and_gone_after() -> None:
+    ns = f"flare-tchaos-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "add", "d0", "type", "veth", "peer", "name", "d1"],
+                       check=True)
+        subprocess.run(["ip", "-n", ns, "link", "set", "d0", "up"], check=True)
+        seen: list[str] = []
+        probe = subprocess.Popen(  # what tc shows while the fault is on
+            ["sh", "-c", f"sleep 1; ip netns exec {ns} tc qdisc show dev d0"],
+            stdout=subprocess.PIPE, text=True)
+        out = run("--rate-limit", "d0", "--netns", ns, "--mbit", "5", "--duration", "3")
+        seen.append(probe.communicate(timeout=10)[0])
+        assert out.exit_code == 0, out.output
+        assert "applied: 5 Mbit/s on d0" in out.output and "undone:" in out.output
+        assert "tbf" in seen[0]
+        after = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", "d0"],
+                               capture_output=True, text=True).stdout
+        assert "tbf" not in after
+    finally:
+        subprocess.run(["ip", "netns", "delete", ns])
