@@ -299,7 +299,7 @@ def _fault(spec: DrillSpec, rng: random.Random, hosts: list[Host],
         return Truth("none", None, None, None), None
     if spec.fault in ("nic", "flapping-nic"):
         h = hosts[rng.randrange(len(hosts))]
-        limit = RateLimit([Interface(h.nic, h.netns), Interface(h.hub_side, _hub(h))],
+        limit = RateLimit([Interface(h.nic, h.netns), Interface(h.hub_side, h.hub_netns)],
                           spec.mbit)
         fault: Fault = (limit if spec.fault == "nic"
                         else Flapping(limit, spec.flap_s, spec.flap_s))
@@ -315,11 +315,6 @@ def _fault(spec: DrillSpec, rng: random.Random, hosts: list[Host],
     else:
         built = Kill(pid)
     return Truth(spec.fault, EXPECTED_KIND[spec.fault], f"rank:{r}", onset), built
-
-
-def _hub(h: Host) -> str:
-    """The hub namespace of a node of the testbed (its name's run prefix + '-hub')."""
-    return h.netns.rsplit("-", 1)[0] + "-hub"
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:

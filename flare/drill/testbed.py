@@ -41,6 +41,7 @@ class Host:
     address: str
     nic: str  # the interface inside `netns` that carries its traffic
     hub_side: str  # the veth end on the hub's bridge ("" for the hub itself)
+    hub_netns: str = ""  # the namespace `hub_side` is in (the hub's)
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         """`argv` run inside this host's namespace."""
@@ -70,7 +71,7 @@ class Testbed:
         self.hub = Host("hub", f"flare-{self.tag}-hub", f"{net}.1", "br0", "")
         self.hosts = [
             Host(f"node-{i}", f"flare-{self.tag}-n{i}", f"{net}.{10 + i}", "eth0",
-                 f"v{self.tag[:6]}{i}")
+                 f"v{self.tag[:6]}{i}", self.hub.netns)
             for i in range(self.nodes)
         ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,8 +51,8 @@ def test_a_cpu_quota_is_applied_then_undone_and_a_missing_process_is_one_line() 
     assert not (CPU_CGROUP / f"flare-chaos-{child.pid}").exists()
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or subprocess.run(["which", "tc"], capture_output=True)
-                    .returncode != 0, reason="namespaces and tc need root and iproute2")
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None,
+                    reason="namespaces and tc need root and iproute2")
 def test_a_rate_limit_is_on_while_it_lasts_and_gone_after() -> None:
     ns = f"flare-tchaos-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
