@@ -36,6 +36,20 @@ class Incident(BaseModel):
     v: int = 1  # shown as an integer with a default, as it always was
     onset_step: int = Field(description="first step of the evidence: when the problem began")
     opened_step: int = Field(description="the step whose processing opened the incident")
+    # What the incident costs, described here because the numbers are what-if estimates an
+    # SRE weighs against a budget, and `slowdown` once meant the culprit's own ratio.
+    slowdown: Num = Field(
+        description="the job's step time over its step time without the culprit (1.0 = no "
+        "effect on the job)"
+    )
+    lost_gpu_seconds: Num = Field(
+        description="GPU-seconds the job lost to the incident so far, summed over its steps"
+    )
+    lost_gpu_seconds_per_step: Num = Field(
+        default=0.0,
+        description="GPU-seconds the job lost to the incident in its latest step (0 in "
+        "incidents stored before it was recorded)",
+    )
 
 
 class IncidentPage(BaseModel):

@@ -47,16 +47,22 @@ from detectors.irregularity import LEVEL_STEPS, WARMUP, StepTimeBaseline
 from detectors.network_suspects import Topology, transfer_reference
 from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
-from detectors.reconcile import Placement, covering
+from detectors.reconcile import NETWORK_KINDS, Placement, covering, spread_of
 from detectors.rows import group_rows, rank_rows
 from detectors.suspects import step_suspects
 from detectors.untraced_suspects import WaitHistory, untraced_home
+from detectors.whatif import UsualStep, job_cost
+from schemas.clock import NS_PER_S
 from schemas.frame import StepFrame
 from schemas.rankstep import RankStep
 from schemas.report import Detection, DiagnoserOutput, StepReport
 from schemas.wire import HeartbeatV1, IncidentV1, JobV1, Suspect
 
+# a network slowdown that would shorten the step by less than this share costs the job
+# nothing it can act on: while another network incident is open, it is that one's spread
+IMMATERIAL = 0.01
 _MEMBERSHIP_EVERY = 10  # relearn group membership every N steps (it rarely changes)
+_NO_DEVICE = " with no device to blame"
 # a suspect that costs this share of the job's step on a significant step has made that step
 # slow by itself (noise that reaches significance costs a few percent): see evidence.py
 MATERIAL_SHARE = 0.25
@@ -81,7 +87,8 @@ class JobDiagnoser(Stateful):
         self.steps_ns = 0  # stream time of step messages only (grace periods)
         self.steps_seen = 0
         self.world = 0
-        self._onset_baseline: dict[tuple[str, str], float] = {}
+        self._job_before_s = 0.0  # the step time a job-wide shift left
+        self.usual = UsualStep()  # the healthy step, for a counterfactual's transfers and starts
         self.budget = StepBudget()
 
     # ---- inputs ---------------------------------------------------------------------------
@@ -93,6 +100,8 @@ class JobDiagnoser(Stateful):
         hang = self._hang_incident()
         if hang is not None and hang.culprit == f"rank:{msg.rank}" and msg.step >= hang.onset_step:
             out.incidents.append(self._resolve(hang, msg.step))
+            self.hang.settle(self.now_ns)
+        self.hang.ops_done(msg.rank, msg.step, msg.group, msg.seq)
         for frame in self.assembler.add(msg, self.steps_ns):
             out.extend(self.on_frame(frame))
         return out
@@ -145,7 +154,18 @@ class JobDiagnoser(Stateful):
         return max(self.config.hang_timeout_s, self.config.hang_timeout_steps * self._baseline_s())
 
     def _check_hang(self) -> DiagnoserOutput:
-        return self._open_hang(self.hang.check(self.now_ns, self._hang_timeout()))
+        out = self._open_hang(self.hang.check(self.now_ns, self._hang_timeout()))
+        inc = self._hang_incident()
+        if inc is not None and not out.incidents and (
+                self.now_ns - inc.held_ns >= self._hang_timeout() * NS_PER_S):
+            # an open hang costs the whole job more every second: say so once a timeout
+            self._hold(inc)
+            out.incidents.append(inc.to_v1(self.job))
+        return out
+
+    def _hold(self, inc: OpenIncident) -> None:
+        inc.hold(inc.since_ns, self.now_ns, self._baseline_s(), self.world)
+        inc.held_ns = self.now_ns
 
     def _open_hang(self, finding: HangFinding | None) -> DiagnoserOutput:
         out = DiagnoserOutput()
@@ -161,6 +181,8 @@ class JobDiagnoser(Stateful):
             )
             inc.evidence_steps = 1
             inc.slowdown_sum = 1.0
+            inc.since_ns = self.now_ns - int(finding.stuck_s * NS_PER_S)
+            self._hold(inc)
             out.incidents.append(inc.to_v1(self.job))
         return out
 
@@ -205,6 +227,10 @@ class JobDiagnoser(Stateful):
         stages = stage_keys(frame)
         ratio = compute_ratio(frame, feats, stages)
         ref = transfer_reference(feats.inst)
+        if not any(k[0] in NETWORK_KINDS for k in self.book.open):
+            self.usual.update(frame, feats)
+        if not self.book.open:
+            self.usual.update_starts(frame)
         cands = step_suspects(
             frame, feats, ratio, self.topology, ref, self.noise, stages, self.waits
         )
@@ -223,32 +249,35 @@ class JobDiagnoser(Stateful):
             inc = self.book.get(*key)
             if inc is None:
                 device = (k for k in self.book.open if k[0] != "hang")
-                cover = covering(key, device, self.placement)
+                cover = covering(key, device, self.placement) or self._spread(
+                    tr, frame, feats, ratio, stages)
                 if cover is not None:  # the same fault seen from another entity
+                    self._also_suspect(cover, tr)
                     if cover not in touched:
                         touched.add(cover)
                         inc = self.book.open[cover]
-                        slow = self._slowdown(cover, step_time, tr.excess_s)
-                        inc.add_evidence(frame.step, slow, step_time, self.world)
+                        self._evidence(inc, frame, feats, ratio, stages)
                         out.incidents.append(inc.to_v1(self.job))
                     continue
-                inc = self._open(tr, frame, feats, ratio, ts, baseline)
+                inc = self._open(tr, frame, feats, ratio, stages, ts)
+                out.incidents.extend(self._shift_explained(inc, frame.step))
             elif key in touched:
                 continue
             touched.add(key)
-            slow = self._slowdown(key, step_time, tr.excess_s)
-            inc.add_evidence(frame.step, slow, step_time, self.world)
+            self._evidence(inc, frame, feats, ratio, stages)
             out.incidents.append(inc.to_v1(self.job))
         for key, inc in list(self.book.open.items()):
             open_tr = self.tracker.tracks.get((key[1], key[0]))
             if key not in touched and open_tr is not None and open_tr.absent == 0:
                 touched.add(key)
-                slow = self._slowdown(key, step_time, open_tr.excess_s)
-                inc.add_evidence(frame.step, slow, step_time, self.world)
+                self._evidence(inc, frame, feats, ratio, stages)
                 out.incidents.append(inc.to_v1(self.job))
         touched.update(k for k in self.book.open if k[0] == "hang")
+        shift = self.book.get("job", "job")
+        if shift is not None and shift.opened_step < frame.step and self._job_before_s > 0:
+            # a job-wide shift costs the GPU-time above the baseline it left, while open
+            shift.add_cost(step_time / self._job_before_s, step_time, self.world)
         for inc in self.book.quiet_step(touched, frame.step):
-            self._onset_baseline.pop((inc.kind, inc.culprit), None)
             out.incidents.append(inc.to_v1(self.job))
         if irr.level_shift and irr.shift_ratio > 1.0:  # a job that got faster is no problem
             out.incidents.extend(self._job_shift(frame, ts, irr.shift_ratio, step_time))
@@ -286,12 +315,35 @@ class JobDiagnoser(Stateful):
         b = self.baseline.baseline_s
         return b if np.isfinite(b) else 0.0
 
-    def _slowdown(self, key: tuple[str, str], step_time: float, excess_s: float) -> float:
-        before = self._onset_baseline.get(key, step_time)
-        by_baseline = step_time / before if before > 0 else 1.0
-        healthy = step_time - excess_s
-        by_excess = step_time / healthy if healthy > 0 else 1.0
-        return max(by_baseline, by_excess, 1.0)
+    def _evidence(self, inc: OpenIncident, frame: StepFrame, feats: StepFeatures,
+                  ratio: np.ndarray, stages: tuple[np.ndarray, int]) -> None:
+        """The step is evidence of `inc`: what it cost the job, from the step replayed
+        without the culprit's excess (`whatif`)."""
+        cost = job_cost(frame, feats, inc.kind, inc.culprit, ratio, stages,
+                        self.topology.group_size, self.topology.switch_of, self.usual)
+        inc.add_evidence(frame.step, cost.slowdown, cost.actual_s, self.world)
+
+    def _spread(self, tr: Track, frame: StepFrame, feats: StepFeatures, ratio: np.ndarray,
+                stages: tuple[np.ndarray, int]) -> tuple[str, str] | None:
+        """The open network incident `tr` is the spread of (`reconcile.spread_of`)."""
+        onsets = {k: i.onset_step for k, i in self.book.open.items() if k[0] in NETWORK_KINDS}
+        if tr.kind not in NETWORK_KINDS or not onsets:
+            return None
+        cost = job_cost(frame, feats, tr.kind, tr.entity, ratio, stages,
+                        self.topology.group_size, self.topology.switch_of, self.usual)
+        return spread_of((tr.kind, tr.entity), tr.first_hit_step(self.tracker.z_on), onsets,
+                         costs_nothing=cost.slowdown < 1.0 + IMMATERIAL)
+
+    def _also_suspect(self, key: tuple[str, str], tr: Track) -> None:
+        """Keep an entity that shows the incident's fault among its suspects (it may be
+        where an SRE looks first)."""
+        inc = self.book.open[key]
+        if any(s.entity == tr.entity for s in inc.suspects):
+            return
+        main = self.tracker.tracks.get((key[1], key[0]))
+        z_main = main.mean_z() if main is not None else tr.mean_z()
+        share = max(tr.mean_z(), 0.0) / max(tr.mean_z() + z_main, 1e-9)
+        inc.suspects.append(Suspect(entity=tr.entity, confidence=round(min(share, 0.5), 3)))
 
     def _open(
         self,
@@ -299,11 +351,9 @@ class JobDiagnoser(Stateful):
         frame: StepFrame,
         feats: StepFeatures,
         ratio: np.ndarray,
+        stages: tuple[np.ndarray, int],
         ts: int,
-        baseline: float,
     ) -> OpenIncident:
-        key = (tr.kind, tr.entity)
-        self._onset_baseline[key] = baseline
         ranked = [t for t in self.tracker.ranked() if t is not tr][:3]
         scores = [max(tr.mean_z(), 1e-9)] + [max(t.mean_z(), 0.0) for t in ranked]
         total = sum(scores)
@@ -313,7 +363,10 @@ class JobDiagnoser(Stateful):
             if t.entity not in seen:
                 seen.add(t.entity)
                 suspects.append(Suspect(entity=t.entity, confidence=round(sc / total, 3)))
-        summary = summarize(tr.kind, tr.entity, tr.detail, tr.excess_s, frame, feats, ratio)
+        cost = job_cost(frame, feats, tr.kind, tr.entity, ratio, stages,
+                        self.topology.group_size, self.topology.switch_of, self.usual)
+        summary = summarize(tr.kind, tr.entity, tr.detail, cost.lost_s, cost.slowdown, frame,
+                            feats, ratio)
         return self.book.open_incident(
             tr.kind,
             tr.entity,
@@ -323,6 +376,18 @@ class JobDiagnoser(Stateful):
             ts,
             summary,
         )
+
+    def _shift_explained(self, device: OpenIncident, step: int) -> list[IncidentV1]:
+        """A job-wide shift was opened with no device to blame, and now one is: the shift
+        was that device's doing (confirming a device takes a few steps longer than seeing
+        the step time jump). The shift is resolved and says which incident explains it."""
+        shift = self.book.get("job", "job")
+        if shift is None or device.kind in ("job", "hang"):
+            return []
+        head = shift.summary.partition(_NO_DEVICE)[0]
+        shift.summary = (f"{head}: explained by {device.kind} {device.culprit} (incident "
+                         f"{device.id}, confirmed {step - shift.opened_step} steps later)")
+        return [self._resolve(shift, step)]
 
     def _job_shift(
         self, frame: StepFrame, ts: int, ratio: float, step_time: float
@@ -340,17 +405,19 @@ class JobDiagnoser(Stateful):
             frame.step,
             frame.step,
             ts,
-            f"job-wide step time shifted ×{ratio:.2f} (now {step_time:.2f} s) with no device "
-            f"to blame: {self.budget.explain(LEVEL_STEPS)}; baseline re-set",
+            f"job-wide step time shifted ×{ratio:.2f} (now {step_time:.2f} s){_NO_DEVICE}: "
+            f"{self.budget.explain(LEVEL_STEPS)}; baseline re-set",
         )
-        inc.evidence_steps = 1
-        inc.slowdown_sum = max(ratio, 1.0)
+        self._job_before_s = step_time / ratio
+        inc.add_evidence(frame.step, ratio, step_time, self.world)
         return [inc.to_v1(self.job)]
 
     def _hang_incident(self) -> OpenIncident | None:
         return next((i for k, i in self.book.open.items() if k[0] == "hang"), None)
 
     def _resolve(self, inc: OpenIncident, step: int) -> IncidentV1:
+        if inc.kind == "hang":
+            self._hold(inc)
         self.book.resolve(inc.kind, inc.culprit, step)
         inc.resolved_step = step
         return inc.to_v1(self.job)

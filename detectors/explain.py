@@ -1,8 +1,9 @@
 """One sentence per incident, with the numbers an on-call SRE acts on.
 
 The sentence names the culprit as an SRE finds it (node, parallel coordinates), says how it
-differs from its peers, and what it costs per step; a slow rank also names the collective
-its peers wait for it in, which is where a profiler would show the time.
+differs from its peers, and what it costs the job per step: the what-if loss (`whatif`), not
+the culprit's own excess, which slack in the schedule may absorb. A slow rank also names the
+collective its peers wait for it in, which is where a profiler would show the time.
 
 >>> from detectors.features import step_features
 >>> from detectors.testing import frame_of, rank_step
@@ -10,9 +11,9 @@ its peers wait for it in, which is where a profiler would show the time.
 ...                   for r in range(4)])
 >>> rank_label(frame, 3)
 'rank 3 (n1, tp 1 pp 0)'
->>> summarize("switch", "switch:s1", "transfers ×1.80 on 12 of 16 instances", 0.4,
-...           frame, step_features(frame), np.ones(4))
-'switch s1 is congested: transfers ×1.80 on 12 of 16 instances of its nodes: +0.40 s per step'
+>>> print(summarize("switch", "switch:s1", "transfers ×1.8 on 12", 0.4, 1.25,
+...                 frame, step_features(frame), np.ones(4)))
+switch s1 is congested: transfers ×1.8 on 12 of its nodes: the job loses 0.40 s per step (×1.25)
 """
 
 from __future__ import annotations
@@ -74,13 +75,16 @@ def summarize(
     kind: str,
     entity: str,
     detail: str,
-    excess_s: float,
+    lost_s: float,
+    slowdown: float,
     frame: StepFrame,
     feats: StepFeatures,
     ratio: np.ndarray,
 ) -> str:
-    """The incident's summary line at the step that opened it."""
-    text = _describe(kind, entity, detail, excess_s, frame, feats, ratio)
+    """The incident's summary line at the step that opened it; `lost_s` and `slowdown`: what
+    the culprit costs the job per step."""
+    text = (f"{_describe(kind, entity, detail, frame, feats, ratio)}: the job loses "
+            f"{lost_s:.2f} s per step (×{slowdown:.2f})")
     if not feats.has_compute and kind in ("gpu", "node", "host"):
         text += COMM_ONLY_NOTE
     return text
@@ -90,15 +94,13 @@ def _describe(
     kind: str,
     entity: str,
     detail: str,
-    excess_s: float,
     frame: StepFrame,
     feats: StepFeatures,
     ratio: np.ndarray,
 ) -> str:
-    cost = f"+{excess_s:.2f} s per step"
     _, _, name = entity.partition(":")
     if kind == "gpu" and entity.startswith("node:"):
-        return f"a GPU of node {name} that is not traced: {detail}: {cost}"
+        return f"a GPU of node {name} that is not traced: {detail}"
     if kind == "gpu":
         rank = int(name)
         idx = int(np.searchsorted(frame.rank, rank))
@@ -106,21 +108,20 @@ def _describe(
         group, op, n_wait, wait_s = waiting_group(frame, feats, rank)
         text = f"{rank_label(frame, rank)} computes {slower:.0f}% slower than its stage peers"
         if n_wait:
-            text += f"; {n_wait} ranks wait on it in {group} {op}: +{wait_s:.2f} s per step"
-        else:
-            text += f": {cost}"
+            waiters = "1 rank waits" if n_wait == 1 else f"{n_wait} ranks wait"
+            text += f"; {waiters} on it in {group} {op} ({wait_s:.2f} s per step)"
         return text
     if kind == "node":
-        return f"node {name}: every GPU computes slower than its peers ({detail}): {cost}"
+        return f"node {name}: every GPU computes slower than its peers ({detail})"
     if kind == "host":
         return (
             f"host of node {name}: {detail} between ops while GPU compute is normal "
-            f"(CPU contention or launch stalls): {cost}"
+            f"(CPU contention or launch stalls)"
         )
     if kind == "switch":
-        return f"switch {name} is congested: {detail} of its nodes: {cost}"
+        return f"switch {name} is congested: {detail} of its nodes"
     if entity.startswith("link:"):
-        return f"link {name} between pipeline stages is slow: p2p {detail}: {cost}"
+        return f"link {name} between pipeline stages is slow: p2p {detail}"
     if kind == "link":
-        return f"network of node {name} (NIC) is slow: {detail} through it: {cost}"
-    return f"{entity}: {detail}: {cost}"
+        return f"network of node {name} (NIC) is slow: {detail} through it"
+    return f"{entity}: {detail}"

@@ -13,6 +13,12 @@ straggler keeps finishing steps and its group peers keep entering new collective
 waits on it are not hangs; it is left to the compute detectors (one gpu incident, not a
 series of hangs).
 
+An op that a peer has already finished is no wait on that peer. A rank frozen inside a
+`recv` whose `send` its peer completed (or inside an all-reduce the others left) still shows
+the op in its heartbeats, so it looks like one more waiter; read that way the hang is a
+cycle with no root, and the pair is blamed as a group. The step messages of its peers say
+the instance is over: the rank that still shows it is stopped, and it is the root.
+
 Ranks 0 and 1 sit in an all-reduce of `tp.0` since second 1; rank 2, its third member, beats
 but never joins:
 
@@ -36,6 +42,7 @@ True
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +77,9 @@ class HangDetector(Stateful):
         self.group_size: dict[str, int] = {}  # members per group kind, from the job's layout
         self.untraced_home: str | None = None  # the one node all untraced ranks are on, if any
         self.exits: dict[int, HeartbeatV1] = {}  # last heartbeats of ranks that vanished
+        # per rank: its newest finished step and that step's ops (group, seq)
+        self.newest_ops: dict[int, tuple[int, Sequence[str], np.ndarray]] = {}
+        self.settled_ns = -1  # waits that began before this belong to a hang that ended
         self._last_check_ns = 0
 
     def _grow(self, top: int) -> None:
@@ -91,6 +101,31 @@ class HangDetector(Stateful):
         self._grow(int(ranks.max()) + 1)
         self.done[ranks] = np.maximum(self.done[ranks], step)  # a step's ranks are unique
         self.moved[ranks] = np.maximum(self.moved[ranks], ends_ns)
+
+    def ops_done(self, rank: int, step: int, groups: Sequence[str], seqs: np.ndarray) -> None:
+        """`rank` finished `step` with these ops (its step message, read before the step is
+        assembled: a step that waits for a stopped rank is never assembled). Only its newest
+        step is kept: a peer blocked in a hang stopped right after it."""
+        kept = self.newest_ops.get(rank)
+        if kept is None or step >= kept[0]:
+            self.newest_ops[rank] = (step, groups, seqs)
+    def settle(self, now_ns: int) -> None:
+        """A hang ended (its culprit progressed) at `now_ns`: the waits it caused are over,
+        though each waiter's heartbeat shows them until its next one. For one timeout,
+        those waits open nothing new; a hang that outlives that is a hang of its own."""
+        self.settled_ns = now_ns
+
+    def _over(self, rank: int, group: str, seq: int) -> bool:
+        """Did a peer of `rank` in `group` finish the group's instance `seq`?"""
+        for peer in self.members.get(group, ()):
+            kept = self.newest_ops.get(peer) if peer != rank else None
+            if kept is None:
+                continue
+            _, groups, seqs = kept
+            mine = np.fromiter((g == group for g in groups), bool, len(groups))
+            if mine.any() and int(seqs[mine].max()) >= seq:
+                return True
+        return False
 
     def _finished(self, rank: int, step: int) -> bool:
         """Has `rank` finished `step` (its step message was read)?"""
@@ -218,11 +253,22 @@ class HangDetector(Stateful):
             r for r, hb in self.last.items()
             if hb.inflight and now_ns - hb.ts_ns <= limit and not self._finished(r, hb.step)
         }
+        settling = now_ns - self.settled_ns <= limit
+        stopped_in: dict[int, str] = {}  # rank → the op it sits in that a peer finished
         for rank, hb in self.last.items():
             if rank not in busy:
                 continue
-            for op in hb.inflight:
-                if now_ns - op.start_ns > limit:
+            long_ops = [op for op in hb.inflight if now_ns - op.start_ns > limit]
+            if settling:
+                long_ops = [op for op in long_ops if op.start_ns >= self.settled_ns]
+            over = [op for op in long_ops if self._over(rank, op.group, op.seq)]
+            if over and len(over) == len(long_ops):
+                # every long op it shows is one its peers finished: it waits on nobody
+                busy.discard(rank)
+                stopped_in[rank] = f"{over[0].name} of {over[0].group}"
+                continue
+            for op in long_ops:
+                if not self._over(rank, op.group, op.seq):
                     key = (op.group, op.seq)
                     stuck.setdefault(key, set()).add(rank)
                     name, start, step = info.get(key, (op.name, op.start_ns, hb.step))
@@ -248,7 +294,9 @@ class HangDetector(Stateful):
             where = f" ({last_hb.node})" if last_hb else ""
             c_step = self._current_step(culprit_rank, step)
             silent = last_hb is None or now_ns - last_hb.ts_ns > limit
-            state = "silent" if silent else "alive, no op in flight"
+            state = ("silent" if silent else
+                     f"alive, inside {stopped_in[culprit_rank]} that its peers finished"
+                     if culprit_rank in stopped_in else "alive, no op in flight")
             groups = sorted({k[0] for k in stuck if culprit_rank in self.members.get(k[0], set())})
             direct = waits_on[culprit_rank]
             return HangFinding(

@@ -19,6 +19,7 @@ import hashlib
 from dataclasses import dataclass
 
 from detectors.base import Stateful
+from schemas.clock import NS_PER_S
 from schemas.wire import IncidentV1, Suspect
 
 
@@ -43,21 +44,40 @@ class OpenIncident:
     summary: str
     slowdown_sum: float = 0.0
     lost_gpu_seconds: float = 0.0
+    lost_gpu_seconds_per_step: float = 0.0  # the latest step's
     evidence_steps: int = 0
     quiet: int = 0
     resolved_step: int | None = None
+    since_ns: int = 0  # a hang: stream time of the job's last progress
+    held_ns: int = 0  # a hang: stream time its cost was last brought up to date
 
     @property
     def slowdown(self) -> float:
         return self.slowdown_sum / self.evidence_steps if self.evidence_steps else 1.0
 
     def add_evidence(self, step: int, slowdown: float, step_time_s: float, world: int) -> None:
+        """The step showed the fault and, by the what-if estimate, slowed the job by
+        `slowdown`: `world` GPUs each lost the part of the step beyond step / slowdown."""
         self.last_step = step
         self.evidence_steps += 1
         self.quiet = 0
         s = max(slowdown, 1.0)
         self.slowdown_sum += s
-        self.lost_gpu_seconds += step_time_s * (1.0 - 1.0 / s) * world
+        self._lose(step_time_s * (1.0 - 1.0 / s) * world)
+
+    def add_cost(self, slowdown: float, step_time_s: float, world: int) -> None:
+        """A step the incident cost without being evidence of it (a job-wide shift keeps
+        costing while it is open, but nothing new is learned)."""
+        self._lose(step_time_s * (1.0 - 1.0 / max(slowdown, 1.0)) * world)
+
+    def hold(self, since_ns: int, now_ns: int, step_time_s: float, world: int) -> None:
+        """A hang: the whole job has made no progress since `since_ns`."""
+        self.lost_gpu_seconds = max(now_ns - since_ns, 0) / NS_PER_S * world
+        self.lost_gpu_seconds_per_step = step_time_s * world
+
+    def _lose(self, gpu_seconds: float) -> None:
+        self.lost_gpu_seconds += gpu_seconds
+        self.lost_gpu_seconds_per_step = gpu_seconds
 
     def to_v1(self, job: str) -> IncidentV1:
         return IncidentV1(
@@ -75,6 +95,7 @@ class OpenIncident:
             resolved_step=self.resolved_step,
             slowdown=round(self.slowdown, 4),
             lost_gpu_seconds=round(self.lost_gpu_seconds, 1),
+            lost_gpu_seconds_per_step=round(self.lost_gpu_seconds_per_step, 2),
             evidence_steps=self.evidence_steps,
             summary=self.summary,
         )

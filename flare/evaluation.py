@@ -13,6 +13,9 @@ it names the true culprit. When the culprit is a rank that is not traced, top-1 
 also accept its node: no data came from the rank, and its node is the narrowest entity the
 traced peers can point at. Everything else (kind, false incidents, repeats) is scored the
 same whatever is traced, with the rank and its node both counting as the culprit.
+
+Cost: the scored incident's `lost_gpu_seconds`, when it names the true culprit, is checked
+against the same scenario simulated without its fault (`flare.eval_cost`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ from typing import Any
 
 from detectors.config import DetectorConfig
 from detectors.diagnoser import JobDiagnoser
+from flare.eval_cost import (
+    HANG_KIND,
+    check_cost,
+    cost_metrics,
+    cost_scored,
+    counterfactual_step_times,
+    job_step_time,
+)
 from producers.simulator import (
     FAMILIES,
     SEVERITIES,
@@ -73,6 +84,12 @@ class ScenarioResult:
     two_faults: bool = False
     first: dict | None = None  # the scored incident
     incidents: list[dict] = field(default_factory=list)
+    # what the scored incident says it cost, and what the fault cost against the same run
+    # without it (GPU-seconds over the incident's evidence steps); None: not scored
+    # (flare.eval_cost)
+    cost_estimate: float | None = None
+    cost_actual: float | None = None
+    cost_job: float | None = None  # the job's GPU time over those steps without the fault
 
 
 def _seed(*parts: object) -> int:
@@ -194,11 +211,13 @@ def run_scenario(sc: Scenario, config: DetectorConfig | None = None) -> Scenario
     sim = ClusterSimulator(sc)
     diag = JobDiagnoser(sc.job, config)
     events: list[IncidentV1] = []
+    times: dict[int, float] = {}
     error = None
     try:
         events += diag.on_job(sim.job_start()).incidents
         for item in sim.run():
             if isinstance(item, StepFrame):
+                times[item.step] = job_step_time(item)
                 events += diag.on_frame(item).incidents
             else:
                 events += diag.on_heartbeat(item).incidents
@@ -208,7 +227,21 @@ def run_scenario(sc: Scenario, config: DetectorConfig | None = None) -> Scenario
         error = f"{type(exc).__name__}: {exc} ({where.filename}:{where.lineno})"
     res = score(sc, sim.truth, events, accepted_culprits(sim))
     res.error = error
+    _score_cost(res, sc, events, times)
     return res
+
+
+def _score_cost(
+    res: ScenarioResult, sc: Scenario, events: list[IncidentV1], times: dict[int, float]
+) -> None:
+    """Fill in the scored incident's cost against the run without the fault. Run here, in
+    the worker that ran the fault, so the extra simulation spreads over `--jobs` too."""
+    if res.first is None or not cost_scored(res.truth_kind, res.two_faults, res.top1):
+        return
+    check = check_cost(events, res.first["id"], times, counterfactual_step_times(sc), res.gpus)
+    if check is not None:
+        res.cost_estimate, res.cost_actual = check.estimate, check.actual
+        res.cost_job = check.job
 
 
 def score(
@@ -278,6 +311,7 @@ def _brief(i: IncidentV1) -> dict:
         "status": i.status,
         "slowdown": i.slowdown,
         "summary": i.summary,
+        "lost_gpu_seconds": i.lost_gpu_seconds,
         "suspects": [(s.entity, s.confidence) for s in i.suspects],
     }
 
@@ -332,7 +366,16 @@ def _metrics(rs: list[ScenarioResult]) -> dict:
         "false_device_in_fault_runs": sum(r.false_device for r in faults),
         "errors": sum(r.error is not None for r in rs),
         "found_all": (sum(bool(r.found_all) for r in two) / len(two) if two else None),
+        **_cost(faults),
     }
+
+
+def _cost(faults: list[ScenarioResult]) -> dict[str, object]:
+    """The cost columns of some fault runs: those with a cost check, and n/a for hangs."""
+    checks = [(r.cost_estimate, r.cost_actual, r.cost_job or 0.0) for r in faults
+              if r.cost_estimate is not None and r.cost_actual is not None]  # fmt: skip
+    hangs_only = bool(faults) and all(r.truth_kind == HANG_KIND for r in faults)
+    return cost_metrics(checks, hangs_only)
 
 
 def _by_family(results: list[ScenarioResult]) -> dict[str, dict]:

@@ -51,6 +51,23 @@ class Publisher(Protocol):
     def flush(self, timeout_s: float = ...) -> Any: ...
 
 
+class TeePublisher:
+    """Publishes every message to each of `publishers` in turn, and flushes them all.
+
+    The agent's `--record`: Kafka, and a local recording of what was handed to it.
+    """
+
+    def __init__(self, *publishers: Publisher) -> None:
+        self.publishers = publishers
+
+    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None:
+        for p in self.publishers:
+            p.publish(topic, key, value)
+
+    def flush(self, timeout_s: float = 30.0) -> Any:
+        return [p.flush(timeout_s) for p in self.publishers]
+
+
 class KafkaProducerLike(Protocol):
     """The part of `confluent_kafka.Producer` we use (so tests can pass a spec'd fake)."""
 

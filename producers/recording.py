@@ -12,6 +12,7 @@ a rank-step (the moment the rank would have sent it).
 from __future__ import annotations
 
 import gzip
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,32 @@ def recording_events(path: str | Path) -> Iterator[tuple[str, str, Mapping[str, 
 def recording_line(topic: str, key: str, value: Mapping[str, Any]) -> bytes:
     """One line of a recording, newline included."""
     return orjson.dumps({"topic": topic, "key": key, "value": value}) + b"\n"
+
+
+class RecordingPublisher:
+    """A `Publisher` that writes each message as a recording line to a binary stream.
+
+    The agent's dry run writes to stdout; with `--record` it writes next to its Kafka
+    publishing, so a node keeps its own copy of what it sent (the drill counts from it what
+    the broker lost). Every line is flushed at once: a reader following the file sees whole
+    messages, and a killed agent loses at most the line it was writing.
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self._lock = threading.Lock()
+
+    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None:
+        k = key.decode() if isinstance(key, bytes) else key
+        v = orjson.loads(value) if isinstance(value, bytes) else value
+        line = recording_line(topic, k, v)
+        with self._lock:
+            self.stream.write(line)
+            self.stream.flush()
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        with self._lock:
+            self.stream.flush()
 
 
 def write_events(events: Iterable[tuple[str, str, Any, int]], path: str | Path) -> int:

@@ -122,9 +122,12 @@ class IncidentV1(msgspec.Struct):
     last_step: int
     resolved_step: int | None
     slowdown: float
-    lost_gpu_seconds: float
+    lost_gpu_seconds: float  # in total: what-if cost summed over the incident's steps
     evidence_steps: int
     summary: str
+    # the latest step's what-if cost (a hang: one step time of the whole job); 0 in records
+    # written before it existed
+    lost_gpu_seconds_per_step: float = 0.0
 
 
 class DeadLetterV1(msgspec.Struct):

@@ -259,6 +259,7 @@ INCIDENTS = Table("incidents", "list[IncidentV1]", ("job", "id"), (
     Column("resolved_step", "Nullable(Int64)"),
     Column("slowdown", "Float64"),
     Column("lost_gpu_seconds", "Float64"),
+    Column("lost_gpu_seconds_per_step", "Float64"),
     Column("evidence_steps", "Int64"),
     Column("summary", "String"),
     Column("version", "UInt64", incident_version),  # ReplacingMergeTree(version)
@@ -279,4 +280,6 @@ TABLES: tuple[Table, ...] = (
     JOB_STEPS, RANK_STEPS, GROUP_STEPS, OPS, DETECTIONS, INCIDENTS, DEAD_LETTERS
 )
 BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
-VIEWS: tuple[str, ...] = ("v_job_steps", "v_rank_scores", "v_open_incidents")
+VIEWS: tuple[str, ...] = (
+    "v_job_steps", "v_rank_scores", "v_open_incidents", "v_incident_cost_daily",
+)

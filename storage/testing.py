@@ -108,7 +108,8 @@ def make_incident(
     job: str, *, culprit: str = "rank:1", kind: str = "gpu", onset_step: int = 10,
     opened_step: int = 12, last_step: int = 20, status: str = "open",
     resolved_step: int | None = None, opened_ts_ns: int | None = None,
-    incident_id: str | None = None,
+    incident_id: str | None = None, lost_gpu_seconds: float = 12.5,
+    lost_gpu_seconds_per_step: float = 1.5,
 ) -> IncidentV1:
     return IncidentV1(
         v=1, id=incident_id or f"{job}/{kind}/{culprit}/{onset_step}", job=job,
@@ -116,7 +117,8 @@ def make_incident(
         suspects=[Suspect(culprit, 0.9), Suspect("node:node-0", 0.1)],
         onset_step=onset_step, opened_step=opened_step,
         opened_ts_ns=step_ts(opened_step) if opened_ts_ns is None else opened_ts_ns,
-        last_step=last_step, resolved_step=resolved_step, slowdown=1.3, lost_gpu_seconds=12.5,
+        last_step=last_step, resolved_step=resolved_step, slowdown=1.3,
+        lost_gpu_seconds=lost_gpu_seconds, lost_gpu_seconds_per_step=lost_gpu_seconds_per_step,
         evidence_steps=last_step - onset_step + 1,
         summary=f"{culprit} computes 50% slower than its peers",
     )

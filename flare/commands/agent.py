@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -44,6 +42,11 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(
             False, "--dry-run", help="print messages to stdout instead of publishing to Kafka",
         ),
+        record: Path = typer.Option(
+            None, "--record", dir_okay=False,
+            help="also append every message published to Kafka to this recording (.jsonl): "
+                 "the node's own copy of what it sent",
+        ),
     ) -> None:
         """Run the node daemon: one per node, ranks reach it with the torch hook."""
         import asyncio
@@ -53,7 +56,8 @@ def register(app: typer.Typer) -> None:
         from flare.settings import Settings
         from producers.agent.cadence import Cadence
         from producers.agent.server import run_agent
-        from producers.publisher import KafkaPublisher, Publisher
+        from producers.publisher import KafkaPublisher, Publisher, TeePublisher
+        from producers.recording import RecordingPublisher
         from producers.torch_hook.wire import default_socket_path
 
         try:
@@ -62,12 +66,23 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(exc)) from None
         settings = Settings()
         path = socket_path or default_socket_path()
+        if dry_run and record is not None:
+            typer.echo("error: --dry-run prints what it would publish; --record needs Kafka",
+                       err=True)
+            raise typer.Exit(2)
         publisher: Publisher
         if dry_run:
-            publisher = _StdoutPublisher()
+            publisher = RecordingPublisher(sys.stdout.buffer)
         else:
             publisher = KafkaPublisher(settings.kafka_connection(),
                                        max_message_bytes=settings.max_message_bytes)
+            if record is not None:
+                try:
+                    copy = open(record, "ab")  # noqa: SIM115 - open for the agent's life
+                except OSError as exc:
+                    typer.echo(f"error: cannot write {record}: {exc.strerror}", err=True)
+                    raise typer.Exit(2) from None
+                publisher = TeePublisher(publisher, RecordingPublisher(copy))
 
         async def main() -> None:
             stop = asyncio.Event()
@@ -81,19 +96,3 @@ def register(app: typer.Typer) -> None:
 
         asyncio.run(main())
         sys.stdout.flush()
-
-
-class _StdoutPublisher:
-    """Dry run: one recorded-stream line per message (DESIGN §3 `.jsonl`)."""
-
-    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None:
-        import orjson
-
-        from producers.recording import recording_line
-
-        k = key.decode() if isinstance(key, bytes) else key
-        v = orjson.loads(value) if isinstance(value, bytes) else value
-        typer.echo(recording_line(topic, k, v).decode(), nl=False)
-
-    def flush(self, timeout_s: float = 30.0) -> None:
-        return None

@@ -84,10 +84,13 @@ def _show(res: DrillResult, as_json: bool) -> None:
             "steps": res.steps,
             "rootless": res.rootless,
             "recording": str(res.recording),
+            "messages_sent": res.sent,
+            "messages_received": res.received,
         }).decode())
         return
     typer.echo(f"truth: {t.fault} on {t.culprit or '-'} (expect {t.kind or 'nothing'}) "
                f"from step {t.onset_step if t.onset_step is not None else '-'}")
+    typer.echo(f"broker: {res.received} of the {res.sent} messages the agents sent")
     for i in sorted(res.incidents, key=lambda i: (i.opened_step, i.id)):
         mark = "*" if i is res.found else ("!" if i in res.false_device else " ")
         typer.echo(f"{mark} step {i.opened_step:>4} {i.kind:<5} {i.culprit:<14} "

@@ -37,13 +37,23 @@ COLS = (
     "latency_steps_median",
     "latency_s_median",
     "repeats_per_fault_run",
+    "cost_err_median",
+    "cost_err_p90",
+    "cost_material_p90",
+    "cost_runs",
 )
 HEADS = ("runs", "top1", "top3", "kind", "false/10k clean", "latency steps", "latency s",
-         "repeats/run")  # fmt: skip
+         "repeats/run", "cost err med", "cost err p90", "p90 ≥1% of job", "cost runs")  # fmt: skip
 
 
 def _fmt(v: object) -> str:
     return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+
+
+def _cells(m: dict, cols: tuple[str, ...] = COLS) -> list[str]:
+    """A row's cells; cost columns read n/a for hangs (their cost is the stopped job's GPU
+    time by definition, not an estimate to check)."""
+    return ["n/a" if m.get("cost_na") and c.startswith("cost_") else _fmt(m[c]) for c in cols]
 
 
 def register(app: typer.Typer) -> None:
@@ -106,7 +116,7 @@ def register(app: typer.Typer) -> None:
         results = _run(scen, jobs, names)
         doc = summarize_results(results, sizes, seeds, cond_names)
         title = f"flare eval --gpus {gpus} --seeds {seeds}"
-        width = max(Console().width, 125)
+        width = max(Console().width, 150)  # every column unclipped, cost ones included
         if cond_names:
             _print_conditions(doc, title + f" --conditions {conditions}", width)
         else:
@@ -147,10 +157,10 @@ def _print_families(doc: dict, title: str, width: int) -> None:
 
     table = _table(title, "family")
     for fam, m in doc["families"].items():
-        table.add_row(fam, *(_fmt(m[c]) for c in COLS))
+        table.add_row(fam, *_cells(m))
     for g, m in doc["by_gpus"].items():
-        table.add_row(f"all at {g} GPUs", *(_fmt(m[c]) for c in COLS), style="italic")
-    table.add_row("overall", *(_fmt(doc["overall"][c]) for c in COLS), style="bold")
+        table.add_row(f"all at {g} GPUs", *_cells(m), style="italic")
+    table.add_row("overall", *_cells(doc["overall"]), style="bold")
     Console(width=width).print(table)
 
 
@@ -166,9 +176,8 @@ def _print_conditions(doc: dict, title: str, width: int) -> None:
     table.add_column("both found", justify="right")  # two simultaneous faults
     for cond, part in doc["by_condition"].items():
         m = part["overall"]
-        table.add_row(cond, *(_fmt(m[c]) for c in (*COLS, "found_all")))
-    table.add_row("overall", *(_fmt(doc["overall"][c]) for c in (*COLS, "found_all")),
-                  style="bold")  # fmt: skip
+        table.add_row(cond, *_cells(m, (*COLS, "found_all")))
+    table.add_row("overall", *_cells(doc["overall"], (*COLS, "found_all")), style="bold")
     console.print(table)
     fams = sorted({f for part in doc["by_condition"].values() for f in part["families"]})
     grid = Table(title="top-1 % / kind % per family and condition (clean: false per 10k steps)")

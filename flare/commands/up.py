@@ -19,10 +19,27 @@ import typer
 
 
 def incident_line(inc: dict) -> str:
-    """One line per opened incident: culprit, kind, slowdown, summary."""
-    slowdown = float(inc.get("slowdown") or 0.0)
-    return (f"INCIDENT {inc.get('culprit')} [{inc.get('kind')}] ×{slowdown:.2f}  "
+    """One line per opened incident: culprit, kind, what it costs, summary."""
+    return (f"INCIDENT {inc.get('culprit')} [{inc.get('kind')}] {cost_phrase(inc)}  "
             f"job {inc.get('job')}, step {inc.get('opened_step')}: {inc.get('summary')}")
+
+
+def cost_phrase(inc: dict) -> str:
+    """What an incident has cost so far, in the unit an SRE compares with a budget: GPU-hours
+    once there is a tenth of one, GPU-seconds before.
+
+    >>> cost_phrase({"lost_gpu_seconds": 4320.0, "lost_gpu_seconds_per_step": 38.2,
+    ...              "slowdown": 1.314})
+    'costs 1.2 GPU-h so far (38 GPU-s/step, job ×1.31)'
+    >>> cost_phrase({"lost_gpu_seconds": 95.0, "lost_gpu_seconds_per_step": 9.5, "slowdown": 1.1})
+    'costs 95 GPU-s so far (9.5 GPU-s/step, job ×1.10)'
+    """
+    total = float(inc.get("lost_gpu_seconds") or 0.0)
+    per_step = float(inc.get("lost_gpu_seconds_per_step") or 0.0)
+    slowdown = float(inc.get("slowdown") or 1.0)
+    spent = f"{total / 3600:.1f} GPU-h" if total >= 360 else f"{total:.0f} GPU-s"
+    step = f"{per_step:.0f}" if per_step >= 10 else f"{per_step:.1f}"
+    return f"costs {spent} so far ({step} GPU-s/step, job ×{slowdown:.2f})"
 
 
 def build_simulator(job: str, gpus: int, steps: int, fault: str | None, severity: float,

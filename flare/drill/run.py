@@ -1,15 +1,19 @@
 """One drill: real training on a run's own hosts, one real fault, Flare's verdict next to it.
 
-The drill builds `nodes` network namespaces (`testbed`), starts one `flare agent` in each and
-the ranks of `flare.drill.train` on them, waits until the job has trained `steps_before`
-steps, injects the fault (`faults`), lets the job train `steps_after` more steps (a hang: a
-fixed wait past Flare's hang timeout), undoes the fault and stops everything. Each node's agent
-writes what it would publish as a recording; the recordings are merged in time order and run
-through the same detectors as the worker (`flare.offline`). The verdict compares the first
-incident opened after the fault with the truth, and counts device incidents on a clean run.
+The drill builds `nodes` network namespaces and a hub (`testbed`), starts a broker in the hub
+(`hub`), one `flare agent` in each node publishing to it over the node's NIC, and the ranks
+of `flare.drill.train` on the nodes. It waits until the job has trained `steps_before` steps,
+injects the fault (`faults`), lets the job train `steps_after` more steps (a hang: a fixed
+wait past Flare's hang timeout), undoes the fault and stops everything. What the broker
+received is read back, put in event-time order and run through the same detectors as the
+worker (`flare.offline`). The verdict compares the first incident opened after the fault with
+the truth, and counts device incidents on a clean run. Each agent also keeps its own copy of
+what it sent (`--record`), which is how the drill follows the job's progress and counts what
+the broker lost.
 
-Without root there are no namespaces, cgroups or qdiscs: every rank runs on one host, and
-only the faults that need none (freeze through SIGSTOP, kill, none) can be drilled.
+Without root there are no namespaces, cgroups or qdiscs: the broker and every rank run on
+loopback, and only the faults that need none (freeze through SIGSTOP, kill, none) can be
+drilled.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from flare.drill.faults import (
     Kill,
     RateLimit,
 )
+from flare.drill.hub import HubBroker
 from flare.drill.testbed import Host, Testbed
 from schemas.wire import IncidentV1
 
@@ -101,6 +106,8 @@ class DrillResult:
     steps: int
     rootless: bool
     recording: Path
+    sent: int = 0  # messages the agents handed to Kafka
+    received: int = 0  # messages the broker held at the end (the recording diagnosed)
     found: IncidentV1 | None = None  # the first incident opened at or after the fault
     false_device: list[IncidentV1] = field(default_factory=list)
 
@@ -155,9 +162,9 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(spec.seed)
     with contextlib.ExitStack() as stack:
-        hosts = _hosts(spec, tag, rootless, stack)
+        hosts, broker = _hosts(spec, tag, rootless, out, stack)
         job = f"drill-{tag}"
-        agents = [_agent(h, out, stack) for h in hosts]
+        agents = [_agent(h, out, broker.bootstrap, stack) for h in hosts]
         ranks = _ranks(spec, hosts, job, out, stack)
         say(f"training: {spec.ranks} ranks on {len(hosts)} node(s), job {job}")
         _wait_steps(agents[0], spec.steps_before, ranks, spec)
@@ -175,50 +182,68 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
         if fault is not None:
             fault.undo()
         _stop_all(ranks)
+        for a in agents:
+            _stop(a.process)  # an agent flushes what it holds to the broker as it stops
+        sent = sum(1 for a in agents for _ in _lines(a.out))
+        received = broker.collect(out / "broker.jsonl", sent)
     recording = out / "recording.jsonl"
-    n = merge_recordings(agents, recording)
+    sort_recording(out / "broker.jsonl", recording)
     incidents, steps = _diagnose(recording)
     found, false_device = judge(truth, incidents)
-    say(f"{n} messages recorded, {steps} job steps diagnosed")
-    return DrillResult(truth, incidents, steps, rootless, recording, found, false_device)
+    say(f"{sent} messages sent, {received} received by the broker, {steps} job steps "
+        "diagnosed")
+    return DrillResult(truth, incidents, steps, rootless, recording, sent, received, found,
+                       false_device)
 
 
 @dataclass(frozen=True, slots=True)
 class _Agent:
     host: Host
-    out: Path  # its recording (what it would publish)
+    out: Path  # its own copy of what it published
     socket: Path
+    process: subprocess.Popen[bytes]
 
 
-def _hosts(spec: DrillSpec, tag: str, rootless: bool,
-           stack: contextlib.ExitStack) -> list[Host]:
+BROKER_PORT = 9092  # in the hub's own namespace nothing else listens
+
+
+def _hosts(spec: DrillSpec, tag: str, rootless: bool, out: Path,
+           stack: contextlib.ExitStack) -> tuple[list[Host], HubBroker]:
+    """The nodes, and the broker they publish to (entered: running until the stack ends)."""
+    log = out / "broker.log"
     if rootless:
-        return [Host("node-0", "", "127.0.0.1", "lo", "")]
+        from flare.local.broker import free_port
+
+        hub = HubBroker("127.0.0.1", free_port(), [], log)
+        return [Host("node-0", "", "127.0.0.1", "lo", "")], stack.enter_context(hub)
     bed = stack.enter_context(Testbed(tag=tag, nodes=spec.nodes,
                                       subnet=60 + os.getpid() % 150))
-    return bed.hosts
+    hub = HubBroker(bed.hub.address, BROKER_PORT, bed.hub.argv([]), log)
+    return bed.hosts, stack.enter_context(hub)
 
 
 def _in_host(h: Host, argv: list[str]) -> list[str]:
     return h.argv(argv) if h.netns else argv
 
 
-def _agent(h: Host, out: Path, stack: contextlib.ExitStack) -> _Agent:
+def _agent(h: Host, out: Path, bootstrap: str, stack: contextlib.ExitStack) -> _Agent:
     sock = out / f"{h.name}.sock"
-    with contextlib.suppress(FileNotFoundError):
-        sock.unlink()
     rec = out / f"{h.name}.jsonl"
-    argv = [sys.executable, "-m", "flare", "agent", "--dry-run", "--socket", str(sock),
-            "--node", h.name, "--interval", "0.5"]
-    with open(rec, "wb") as f, open(out / f"{h.name}.agent.log", "wb") as log:
-        p = subprocess.Popen(_in_host(h, argv), stdout=f, stderr=log)
+    for stale in (sock, rec):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+    argv = [sys.executable, "-m", "flare", "agent", "--record", str(rec), "--socket",
+            str(sock), "--node", h.name, "--interval", "0.5"]
+    env = dict(os.environ, FLARE_KAFKA_BOOTSTRAP=bootstrap)
+    with open(out / f"{h.name}.agent.log", "wb") as log:
+        p = subprocess.Popen(_in_host(h, argv), stdout=log, stderr=log, env=env)
     stack.callback(_stop, p)
     deadline = time.monotonic() + 30
     while not sock.exists():
         if p.poll() is not None or time.monotonic() > deadline:
             raise DrillError(f"the agent of {h.name} did not start: see {log.name}")
         time.sleep(0.05)
-    return _Agent(h, rec, sock)
+    return _Agent(h, rec, sock, p)
 
 
 def _stop(p: subprocess.Popen[bytes]) -> None:
@@ -327,9 +352,10 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
             yield int(v.get("t_end_ns") or v.get("ts_ns") or 0), line
 
 
-def merge_recordings(agents: list[_Agent], out: Path) -> int:
-    """Merge the agents' recordings into one, in event-time order (the broker's role)."""
-    events = sorted((e for a in agents for e in _lines(a.out)), key=lambda e: e[0])
+def sort_recording(path: Path, out: Path) -> int:
+    """`path`'s messages in event-time order into `out` (the worker's step assembly orders
+    by event time as well; the broker keeps each topic in arrival order)."""
+    events = sorted(_lines(path), key=lambda e: e[0])
     with open(out, "wb") as f:
         for _, line in events:
             f.write(line)

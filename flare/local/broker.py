@@ -144,6 +144,13 @@ class TansuBroker:
         self.stop()
 
 
+def tansu_argv(host: str, port: int) -> list[str]:
+    """The command line of a tansu broker on host:port, in memory (nothing left on disk)."""
+    url = f"tcp://{host}:{port}"
+    return [str(tansu_binary()), "broker", "--listener-url", url,
+            "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]
+
+
 def start_tansu(
     port: int,
     *,
@@ -161,13 +168,7 @@ def start_tansu(
             f"port {port} on {host} is already in use; stop what listens there, or set "
             "FLARE_KAFKA_PORT to another port, or FLARE_KAFKA_BOOTSTRAP to use that broker"
         )
-    url = f"tcp://{host}:{port}"
-    cmd = [
-        str(tansu_binary()), "broker",
-        "--listener-url", url,
-        "--advertised-listener-url", url,
-        "--storage-engine", "memory://tansu/",
-    ]
+    cmd = tansu_argv(host, port)
     out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
         process = subprocess.Popen(

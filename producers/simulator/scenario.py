@@ -8,7 +8,7 @@ a sentence instead of producing a silently wrong recording.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from producers.agent.cadence import KEEPALIVE_S, LONG_OP_S
@@ -288,6 +288,12 @@ class Scenario:
                 raise ValueError("Scenario.fault2 is a second fault: it needs Scenario.fault")
             if FAMILY_KIND[self.fault.family] == FAMILY_KIND[self.fault2.family] == "hang":
                 raise ValueError("Scenario.fault and fault2 cannot both be hangs")
+
+    def without_faults(self) -> Scenario:
+        """The same job with no fault: same seed, so the same noise, clocks and workload
+        draw for draw (each comes from its own child of the seed, none from the faults').
+        What it lacks against this run is what the faults cost (issue #12)."""
+        return replace(self, fault=None, fault2=None)
 
     def _check_conditions(self) -> None:
         if self.traced not in TRACED:

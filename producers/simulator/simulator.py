@@ -75,7 +75,9 @@ class ClusterSimulator:
         self.topology = topo = Topology(scenario.layout)
         self.costs = costs = CostModel()
         # children 0-4 as they always were; the conditions' streams come after them, so a
-        # condition changes no other draw of the run
+        # condition changes no other draw of the run. The faults draw only from their own
+        # (target, fault, host delays), so `Scenario.without_faults()` replays the same noise,
+        # clocks and workload: the counterfactual that prices a fault (issue #12)
         seeds = np.random.SeedSequence(scenario.seed).spawn(9)
         self._noise_seed, fault_seed, target_seed, clock_seed, self._host_seed = seeds[:5]
         traced_seed, self._workload_seed, target2_seed, fault2_seed = seeds[5:]

@@ -2,9 +2,10 @@
 
 Each drill builds its own hosts (network namespaces on a bridge), runs 8 ranks of a small
 tensor-, pipeline- and data-parallel transformer on 4 of them through the hook and one agent
-per node, injects the fault with the kernel's own mechanisms (a cgroup CPU quota, a tbf rate
-limit on the node's NIC, the cgroup freezer, SIGKILL) and diagnoses what the agents recorded
-with the worker's detectors. Namespaces, cgroups and qdiscs need root; without it the tests skip.
+per node, publishing to a tansu broker in the run's hub namespace over the node's NIC,
+injects the fault with the kernel's own mechanisms (a cgroup CPU quota, a tbf rate limit on
+the node's NIC, the cgroup freezer, SIGKILL) and diagnoses what the broker received with the
+worker's detectors. Namespaces, cgroups and qdiscs need root; without it the tests skip.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def test_a_real_fault_is_named_with_its_culprit_and_kind(tmp_path: Path, fault: 
     assert (found.kind, found.culprit) == (res.truth.kind, res.truth.culprit), found.summary
     assert not res.false_device, [(i.kind, i.culprit, i.summary) for i in res.false_device]
     assert res.passed
+    # every message an agent sent crossed its node's NIC to the broker, the faulty one too
+    assert res.sent > 0 and res.received == res.sent
 
 
 def test_a_clean_drill_opens_no_device_incident_and_says_so_as_json(tmp_path: Path) -> None:
@@ -61,6 +64,7 @@ def test_a_clean_drill_opens_no_device_incident_and_says_so_as_json(tmp_path: Pa
     assert verdict["passed"] is True and verdict["truth"]["culprit"] is None
     assert [i for i in verdict["incidents"] if i["kind"] != "job"] == []
     assert verdict["steps"] >= SHORT["steps_before"] + SHORT["steps_after"]
+    assert verdict["messages_received"] == verdict["messages_sent"] > 0
 
 
 def test_a_drill_refuses_what_it_cannot_run() -> None:

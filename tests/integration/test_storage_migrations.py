@@ -18,13 +18,14 @@ from storage.migrations import (
     load_migrations,
     statements,
 )
+from storage.reader import Queries
 from storage.tables import TABLES, VIEWS
 from storage.testing import make_report
 from storage.writer import Sink
 
 pytestmark = pytest.mark.integration
 DB = "test_migrations"
-ADD_MEM = Migration(110, "110_rank_steps_mem.sql",
+ADD_MEM = Migration(900, "900_rank_steps_mem.sql",
                     "-- a later column reaches the existing table\n"
                     "ALTER TABLE flare.rank_steps ADD COLUMN IF NOT EXISTS mem_gb Float32 "
                     "DEFAULT 0 CODEC(ZSTD(1));\n")
@@ -67,7 +68,7 @@ def test_a_later_migration_adds_a_column_to_a_table_that_holds_rows(db: ClickHou
     assert count(db, "rank_steps") == 12
     rows = db.rows(f"SELECT DISTINCT mem_gb FROM {db.table('rank_steps')}")
     assert rows == [{"mem_gb": 0.0}]
-    assert applied_migrations(db)[110]["name"] == "110_rank_steps_mem.sql"
+    assert applied_migrations(db)[900]["name"] == "900_rank_steps_mem.sql"
     sink.add_report(make_report("j", 3))  # the writer still inserts (mem_gb takes DEFAULT)
     sink.flush()
     assert count(db, "rank_steps") == 16
@@ -81,7 +82,7 @@ def test_a_changed_migration_is_refused_before_anything_runs(db: ClickHouse) -> 
               for m in shipped]
     with pytest.raises(MigrationError, match=r"020_rank_steps\.sql .* must not change"):
         apply_schema(db, [*edited, ADD_MEM])
-    assert 110 not in applied_migrations(db)  # the new one did not run either
+    assert 900 not in applied_migrations(db)  # the new one did not run either
     assert "mem_gb" not in {r["name"] for r in db.rows(
         "SELECT name FROM system.columns WHERE database = {d:String} AND table = 'rank_steps'",
         {"d": DB})}
@@ -92,7 +93,7 @@ def test_a_recorded_migration_this_version_does_not_ship_is_only_logged(
 ) -> None:
     apply_schema(db, [*load_migrations(), ADD_MEM])
     assert apply_schema(db) == []  # an older Flare on a newer schema still starts
-    assert "110 (110_rank_steps_mem.sql)" in caplog.text
+    assert "900 (900_rank_steps_mem.sql)" in caplog.text
 
 
 def test_a_directory_made_before_the_ledger_starts_and_keeps_its_rows(db: ClickHouse) -> None:
@@ -120,3 +121,23 @@ def test_dashboard_views_answer(db: ClickHouse) -> None:
                      " WHERE job = 'j' ORDER BY rank")
     assert [s["steps"] for s in scores] == [100] * 4  # the newest 100 steps only
     assert scores[2]["compute_ratio"] == pytest.approx(1.25)  # slow in 50 of them
+
+
+def test_incidents_stored_before_the_cost_migration_read_a_zero_cost_per_step(
+    db: ClickHouse,
+) -> None:
+    before = [m for m in load_migrations() if m.name != "110_incident_cost.sql"]
+    apply_schema(db, before)  # a database as the previous Flare left it, holding an incident
+    db.command(
+        f"INSERT INTO {db.table('incidents')} (id, job, status, kind, culprit, suspect_entities,"
+        " suspect_confidences, onset_step, opened_step, opened_ts, last_step, resolved_step,"
+        " slowdown, lost_gpu_seconds, evidence_steps, summary, version)"
+        " SELECT 'j/gpu/rank:1/10', 'j', 'open', 'gpu', 'rank:1', ['rank:1'], [0.9], 10, 12,"
+        " fromUnixTimestamp64Nano(toInt64(1790000000000000000), 'UTC'), 20, NULL, 1.3, 7200,"
+        " 11, 'old', 40")
+    assert [m.name for m in apply_schema(db)] == ["110_incident_cost.sql"]
+    inc = Queries(db).incident("j/gpu/rank:1/10")
+    assert inc is not None
+    assert (inc["lost_gpu_seconds"], inc["lost_gpu_seconds_per_step"]) == (7200.0, 0.0)
+    (row,) = db.rows(f"SELECT incidents, lost_gpu_hours FROM {db.table('v_incident_cost_daily')}")
+    assert row == {"incidents": 1, "lost_gpu_hours": 2.0}

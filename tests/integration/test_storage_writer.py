@@ -3,6 +3,8 @@ round-trip through one INSERT per table, re-deliveries replace rows, failures ke
 
 from __future__ import annotations
 
+import datetime
+
 import msgspec
 import pytest
 
@@ -156,3 +158,34 @@ def test_an_incident_reads_back_as_the_incident_v1_it_was(clean: ClickHouse) -> 
     q = Queries(clean)
     for inc in incs:  # every field of Incident v1 survives the row (a new one cannot be lost)
         assert q.incident(inc.id) == msgspec.to_builtins(inc)
+
+
+def test_lost_gpu_hours_per_day_count_each_incident_once_in_its_newest_state(
+    clean: ClickHouse,
+) -> None:
+    sink = Sink(clean)
+    hour = 3600.0
+    # one incident in three states, one insert each: the newest (last step 25) is written
+    # second, and a replayed older state after it must not count
+    for last, lost in ((20, 0.5 * hour), (25, 2 * hour), (22, 1.5 * hour)):
+        sink.add_incident(make_incident("j", last_step=last, lost_gpu_seconds=lost))
+        sink.flush()
+    sink.add_incident(make_incident("j", culprit="rank:7", lost_gpu_seconds=hour,
+                                    lost_gpu_seconds_per_step=38.0))
+    sink.add_incident(make_incident("k", culprit="node:n3", kind="node", lost_gpu_seconds=hour,
+                                    status="resolved", resolved_step=30))
+    sink.add_incident(make_incident("k", culprit="node:n3", kind="node", onset_step=9000,
+                                    opened_step=45_000, last_step=45_010,
+                                    lost_gpu_seconds=0.25 * hour))  # a day later
+    sink.flush()
+    rows = clean.rows(
+        f"SELECT day, kind, culprit, incidents, still_open, lost_gpu_hours "
+        f"FROM {clean.table('v_incident_cost_daily')} ORDER BY day, kind, culprit")
+    day1, day2 = datetime.date(2026, 9, 21), datetime.date(2026, 9, 22)
+    assert [(r["day"], r["kind"], r["culprit"], r["incidents"], r["still_open"],
+             round(r["lost_gpu_hours"], 6)) for r in rows] == [
+        (day1, "gpu", "rank:1", 1, 1, 2.0), (day1, "gpu", "rank:7", 1, 1, 1.0),
+        (day1, "node", "node:n3", 1, 0, 1.0), (day2, "node", "node:n3", 1, 1, 0.25)]
+    (row,) = clean.rows(f"SELECT lost_gpu_seconds_per_step FROM "
+                        f"{clean.table('v_open_incidents')} WHERE culprit = 'rank:7'")
+    assert row["lost_gpu_seconds_per_step"] == 38.0

@@ -226,3 +226,57 @@ def test_a_rank_killed_mid_job_is_named_even_when_the_job_ends_within_the_grace(
     hangs = [(i.kind, i.culprit, i.status) for i in events if i.kind == "hang"]
     assert hangs[0] == ("hang", "rank:3", "open")
     assert hangs[-1][2] == ("resolved" if ending == "end event" else "open")
+
+
+def _events(sc: Scenario) -> list:
+    sim = ClusterSimulator(sc)
+    diag = JobDiagnoser(sc.job)
+    events = list(diag.on_job(sim.job_start()).incidents)
+    for item in sim.run():
+        out = diag.on_frame(item) if isinstance(item, StepFrame) else diag.on_heartbeat(item)
+        events += out.incidents
+    return events + diag.flush().incidents
+
+
+def test_a_device_incident_costs_what_the_job_loses_per_step_and_in_total():
+    events = [e for e in _events(_scenario("slow_gpu", 1.5, steps=40)) if e.kind == "gpu"]
+    last = events[-1]
+    per_step = [e.lost_gpu_seconds_per_step for e in events]
+    assert all(p > 0 for p in per_step)
+    # the total is the per-step costs summed over the incident's evidence steps
+    assert last.lost_gpu_seconds == pytest.approx(sum(per_step), rel=0.02)
+    assert "the job loses" in last.summary
+
+
+def test_a_hang_costs_the_whole_job_from_its_last_progress_and_keeps_counting():
+    events = [e for e in _events(_scenario("hang_rank", steps=40)) if e.kind == "hang"]
+    assert events, "the hang was not found"
+    gpus = 64
+    first, last = events[0], events[-1]
+    assert first.lost_gpu_seconds > 0
+    # at least a hang timeout of stream time, all GPUs idle
+    assert first.lost_gpu_seconds >= 10 * gpus * 0.9
+    assert last.lost_gpu_seconds > first.lost_gpu_seconds  # updated while it lasts
+    assert last.lost_gpu_seconds_per_step > 0
+
+
+def test_a_job_wide_shift_costs_the_gpu_time_above_the_baseline_it_left():
+    sc = _scenario(None, gpus=64, steps=80, noise=Noise(level_shift_step=30, level_shift=1.3))
+    jobs = [e for e in _events(sc) if e.kind == "job"]
+    assert jobs and jobs[-1].lost_gpu_seconds > 0
+    assert jobs[-1].slowdown == pytest.approx(1.3, rel=0.1)
+
+
+def test_a_job_shift_that_a_device_explains_later_is_resolved_and_points_to_it():
+    """The step time jumps at once; confirming the NIC behind it takes a few steps more.
+    The shift, opened with no device to blame, then names the incident that explains it."""
+    d = JobDiagnoser("j")
+    d.book.open_incident("job", "job", [], 10, 10, 0,
+                         "job-wide step time shifted ×2.00 (now 1.00 s) with no device to "
+                         "blame: waits grew; baseline re-set")
+    nic = d.book.open_incident("link", "node:n1", [], 10, 14, 0, "network of node n1 is slow")
+    (shift,) = d._shift_explained(nic, 14)
+    assert shift.status == "resolved" and shift.resolved_step == 14
+    assert shift.summary == ("job-wide step time shifted ×2.00 (now 1.00 s): explained by link "
+                             f"node:n1 (incident {nic.id}, confirmed 4 steps later)")
+    assert d.book.get("job", "job") is None

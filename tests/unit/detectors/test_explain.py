@@ -19,13 +19,13 @@ def _frame(with_compute: bool):
 
 def test_communication_only_summaries_say_the_kind_is_a_guess():
     frame = _frame(with_compute=False)
-    text = summarize("host", "node:n1", "idle ×3.0", 0.02, frame, step_features(frame),
+    text = summarize("host", "node:n1", "idle ×3.0", 0.02, 1.1, frame, step_features(frame),
                      np.ones(4))
     assert text.endswith(COMM_ONLY_NOTE)
 
 
 def test_summaries_with_compute_ops_make_no_such_caveat():
     frame = _frame(with_compute=True)
-    text = summarize("gpu", "rank:2", "compute ×3.00", 0.02, frame, step_features(frame),
+    text = summarize("gpu", "rank:2", "compute ×3.00", 0.02, 1.1, frame, step_features(frame),
                      np.array([1.0, 1.0, 3.0, 1.0]))
     assert "rank 2" in text and COMM_ONLY_NOTE not in text

@@ -255,6 +255,54 @@ def test_a_rank_frozen_before_its_hook_sent_a_newer_table_is_still_the_root():
     assert "stopped in step 9" in f.summary, f.summary
 
 
+def _frozen_in_a_recv_its_peer_sent(d: HangDetector, peer_sent: bool) -> None:
+    """Rank 3 is frozen inside its recv #52 from rank 7; rank 7 then waits in its recv #54
+    from rank 3 (the next step's activations). Both show an op in flight for 20 s."""
+    d.learn_members("pp.3.7-3", {3, 7})
+    d.learn_members("pp.3.3-7", {3, 7})
+    sent = ["pp.3.3-7", "pp.3.7-3"] if peer_sent else ["pp.3.3-7"]
+    d.ops_done(7, 26, sent, np.array([53, 52][: len(sent)]))
+    for t in range(1, 25):
+        d.observe(hb(3, t, [("pp.3.7-3", "recv", 52, 0.9)], step=26))
+        d.observe(hb(7, t, [("pp.3.3-7", "recv", 54, 1.1)], step=27))
+
+
+def test_a_rank_frozen_inside_a_recv_its_peer_already_sent_is_the_root():
+    """Taken at its heartbeat's word, rank 3 waits on rank 7 as rank 7 waits on it: a cycle
+    with no root, blamed on the pair. Rank 7's step message holds the send of #52: that
+    transfer is over, so rank 3 waits on nobody; it is stopped, and it is the culprit."""
+    d = HangDetector(timeout_s=10)
+    _frozen_in_a_recv_its_peer_sent(d, peer_sent=True)
+    f = d.check(int(24 * S))
+    assert f is not None and f.culprit == "rank:3", f
+    assert "inside recv of pp.3.7-3" in f.summary, f.summary
+
+
+def test_a_recv_whose_send_never_finished_still_waits_on_its_peer():
+    d = HangDetector(timeout_s=10)
+    _frozen_in_a_recv_its_peer_sent(d, peer_sent=False)
+    f = d.check(int(24 * S))
+    assert f is None or not f.culprit.startswith("rank:"), f
+
+
+def test_waits_of_a_hang_that_ended_open_nothing_until_their_tables_are_renewed():
+    """Rank 2 was frozen (its hang was paged) and thawed at second 30: ranks 0 and 1 sat in
+    the all-reduce it joined late, and their heartbeats say so until their next ones. That
+    is the hang that ended, not a new one; a wait that lasts another timeout is."""
+    d = HangDetector(timeout_s=10)
+    d.learn_members("tp.0", {0, 1, 2})
+    for t in range(20, 31):
+        for r in (0, 1, 2):
+            d.observe(hb(r, t, [("tp.0", "all_reduce", 40, 5.0)], step=9))
+    d.settle(int(30 * S))
+    assert d.check(int(31 * S)) is None
+    for t in range(31, 42):
+        for r in (0, 1, 2):
+            d.observe(hb(r, t, [("tp.0", "all_reduce", 40, 5.0)], step=9))
+    f = d.check(int(42 * S))
+    assert f is not None and f.culprit == "group:tp.0", f
+
+
 def _vanished(rank: int, ts_s: float, step: int = 7, inflight=()) -> HeartbeatV1:
     last = hb(rank, ts_s, inflight, step)
     last.exited = "vanished"

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import msgspec
+import pytest
 
-from flare.evaluation import fault_scenarios, run_scenario, score
+from flare.evaluation import ScenarioResult, fault_scenarios, run_scenario, score, summarize_results
 from producers.simulator import Fault, Scenario, layout_for_gpus
 from producers.simulator.scenario import GroundTruth
 from schemas.wire import IncidentV1, Suspect
@@ -171,3 +172,50 @@ def test_the_1f1b_condition_runs_the_same_matrix_under_the_1f1b_schedule():
     assert [replace(sc, job="x", schedule="gpipe") for sc in f1b] == [
         replace(sc, job="x") for sc in base
     ]  # clean runs included: the schedule is the only difference
+
+
+def _result(family: str, kind: str, estimate: float | None = None,
+            actual: float | None = None, job: float = 100.0) -> ScenarioResult:  # fmt: skip
+    return ScenarioResult(f"{family}-{estimate}-{actual}", family, 64, 50, "rank:1", kind,
+                          top1=True, cost_estimate=estimate, cost_actual=actual,
+                          cost_job=job)  # fmt: skip
+
+
+def test_cost_errors_are_summarized_per_family_and_a_hang_family_reads_n_a():
+    from flare.commands.evaluate import _cells
+
+    results = [
+        _result("slow_gpu", "gpu", 12.0, 10.0),  # error 0.2
+        _result("slow_gpu", "gpu", 6.0, 10.0),  # error 0.4
+        _result("slow_gpu", "gpu", 6.0, 0.0),  # the fault cost nothing: counted apart
+        _result("nic", "link", 30.0, 20.0, job=4000.0),  # error 0.5, but 0.5% of the job
+        _result("hang_rank", "hang"),
+        ScenarioResult("c", "clean", 64, 250, None, None),
+    ]
+    doc = summarize_results(results, [64], 1)
+    gpu, hang = doc["families"]["slow_gpu"], doc["families"]["hang_rank"]
+    assert gpu["cost_err_median"] == pytest.approx(0.3)
+    assert (gpu["cost_runs"], gpu["cost_skipped"], gpu["cost_na"]) == (2, 1, False)
+    assert hang["cost_na"] and hang["cost_runs"] == 0 and hang["cost_err_median"] is None
+    assert doc["overall"]["cost_err_median"] == pytest.approx(0.4)
+    assert doc["overall"]["cost_runs"] == 3 and not doc["overall"]["cost_na"]
+    # the NIC's loss is under 1% of the job: out of the material figures, and its error
+    # reads as a share of the job's GPU time instead (10 GPU-s of 4,000)
+    assert doc["overall"]["cost_material_runs"] == 2
+    assert doc["overall"]["cost_material_p90"] == pytest.approx(0.38)
+    assert doc["overall"]["cost_small_share_p90"] == pytest.approx(10.0 / 4000.0)
+    assert _cells(hang)[-4:] == ["n/a", "n/a", "n/a", "n/a"]
+    assert _cells(gpu)[-4:] == ["0.300", "0.380", "0.380", "2"]
+    assert _cells(doc["families"]["clean"])[-4:] == ["-", "-", "-", "0"]  # nothing to cost
+
+
+def test_a_fault_run_is_scored_for_cost_against_the_same_run_without_its_fault():
+    """End to end: the scored incident's own estimate, and a positive actual cost from the
+    counterfactual run (its accuracy is the estimator's business, not this test's)."""
+    sc = next(s for s in fault_scenarios([8], 1, ["slow_gpu"]) if s.fault.severity == 2.0)
+    r = run_scenario(sc)
+    assert r.top1 and r.first is not None
+    assert r.cost_estimate == r.first["lost_gpu_seconds"]
+    assert r.cost_actual is not None and r.cost_actual > 0
+    hang = run_scenario(next(iter(fault_scenarios([8], 1, ["hang_rank"]))))
+    assert hang.top1 and hang.cost_estimate is None and hang.cost_actual is None

@@ -5,15 +5,19 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
+import orjson
 import pytest
 
+from producers.publisher import TeePublisher
 from producers.recording import (
     RecordingError,
+    RecordingPublisher,
     read_recording,
     recording_events,
     recording_line,
     write_events,
 )
+from producers.testing import MemoryPublisher
 
 
 def write_lines(path: Path, lines: list[bytes]) -> Path:
@@ -68,3 +72,22 @@ def test_written_events_read_back_unchanged(tmp_path: Path) -> None:
 def test_a_line_is_compact_json_with_a_newline() -> None:
     line = recording_line("t", "j", {"a": [1, 2]})
     assert line == b'{"topic":"t","key":"j","value":{"a":[1,2]}}\n'
+
+
+def test_a_recording_publisher_keeps_a_copy_that_reads_back_as_sent(tmp_path: Path) -> None:
+    """`flare agent --record`: the tee's copy is a recording of exactly what Kafka got."""
+    kafka = MemoryPublisher()
+    path = tmp_path / "node-0.jsonl"
+    with open(path, "wb") as f:
+        tee = TeePublisher(kafka, RecordingPublisher(f))
+        tee.publish("flare.steps.v1", "job-a", {"step": 3, "t_end_ns": 5})
+        tee.publish("flare.heartbeats.v1", b"job-a", b'{"ts_ns": 7}')
+        assert path.read_bytes().count(b"\n") == 2  # each line is out before the next call
+        tee.flush()
+    back = [(m.topic, m.key, m.value) for m in read_recording(path)]
+    assert back == [("flare.steps.v1", "job-a", {"step": 3, "t_end_ns": 5}),
+                    ("flare.heartbeats.v1", "job-a", {"ts_ns": 7})]
+    assert [(t, k, orjson.loads(v)) for t, k, v in kafka.messages] == [
+        ("flare.steps.v1", b"job-a", {"step": 3, "t_end_ns": 5}),
+        ("flare.heartbeats.v1", b"job-a", {"ts_ns": 7})]
+    assert kafka.flushes == 1

@@ -24,7 +24,8 @@ def test_an_incident_row_is_every_written_column_but_its_version() -> None:
     assert select_list(INCIDENT_COLUMNS) == (
         "id, job, status, kind, culprit, suspect_entities, suspect_confidences, onset_step, "
         "opened_step, toUnixTimestamp64Nano(opened_ts) AS opened_ts_ns, last_step, "
-        "resolved_step, slowdown, lost_gpu_seconds, evidence_steps, summary")
+        "resolved_step, slowdown, lost_gpu_seconds, lost_gpu_seconds_per_step, evidence_steps, "
+        "summary")
     assert {c.name for c in INCIDENTS.written} - {c.name for c in INCIDENT_COLUMNS} == {"version"}
     assert select_list(DEAD_LETTER_COLUMNS) == "topic, partition, offset, reason, payload_b64"
 

@@ -41,6 +41,27 @@ def test_an_incident_shows_every_field_of_incident_v1(client: TestClient) -> Non
     assert item["resolved_step"] == 20 and item["v"] == 1
 
 
+def test_an_incident_serves_what_its_newest_state_costs(
+    store: MemoryStore, client: TestClient
+) -> None:
+    newer = msgspec.structs.replace(
+        make_incident("costly", last_step=30, lost_gpu_seconds=5400.0,
+                      lost_gpu_seconds_per_step=38.0), slowdown=1.31)
+    older = make_incident("costly", last_step=20, lost_gpu_seconds=600.0,
+                          lost_gpu_seconds_per_step=30.0)
+    store.add_incident(newer)
+    store.add_incident(older)  # a replayed older state, written last, must not win
+    store.flush()
+    cost = ("slowdown", "lost_gpu_seconds", "lost_gpu_seconds_per_step")
+    (item,) = client.get("/v1/incidents", params={"job": "costly"}).json()["items"]
+    assert {k: item[k] for k in cost} == {
+        "slowdown": 1.31, "lost_gpu_seconds": 5400.0, "lost_gpu_seconds_per_step": 38.0}
+    detail = client.get(f"/v1/incidents/{newer.id}").json()
+    assert {k: detail[k] for k in cost} == {k: item[k] for k in cost}
+    described = client.get("/openapi.json").json()["components"]["schemas"]["Incident"]
+    assert "latest step" in described["properties"]["lost_gpu_seconds_per_step"]["description"]
+
+
 def test_pages_by_cursor_and_by_offset_agree(client: TestClient, incident_pages) -> None:
     everything, by_cursor, by_offset = incident_pages(client)
     assert everything["limit"] == 1000

@@ -94,3 +94,11 @@ def test_a_second_fault_needs_a_first_and_one_hang_at_most():
         scenario(fault=Fault("hang_rank", 1.0, 1), fault2=Fault("comm_hang", 1.0, 1))
     with pytest.raises(ValueError, match="onset_step=4 must be below steps=4"):
         scenario(fault=Fault("slow_gpu", 1.5, 1), fault2=Fault("slow_gpu", 1.5, 4))
+
+
+def test_without_faults_is_the_same_scenario_with_no_fault():
+    sc = scenario(steps=30, fault=Fault("slow_gpu", 1.5, 10), fault2=Fault("nic", 3.0, 12),
+                  traced="half", seq_imbalance=0.1)  # fmt: skip
+    plain = sc.without_faults()
+    assert plain.fault is None and plain.fault2 is None
+    assert plain == replace(sc, fault=None, fault2=None)  # nothing else changes, the seed too

@@ -1,0 +1,499 @@
+"""What a culprit costs the job: the step replayed without its excess.
+
+A slow GPU's own excess is not what the job loses. Its tensor-parallel peers wait for it, its
+pipeline neighbours wait for them, and whatever slack the schedule has (a bubble, a rank
+that waits anyway) absorbs part of it. A heuristic from the culprit's own slowdown
+over-states the loss (issue #12). So the step is replayed twice over its own dependency
+structure, once as it ran and once with the culprit made typical, and the job's cost is the
+difference between the two step times.
+
+The replay model, on one clock where each rank begins the step when it did (ranks of
+different pipeline stages begin at different times):
+- an op starts after the op of its rank that ended last before it started (its
+  predecessor), plus the lag it had after that one (launch gaps, host work between ops);
+  ops that overlapped (async collectives, comm streams) stay overlapped;
+- a compute op lasts its duration;
+- a collective or p2p instance ends when its last member arrives, plus its transfer (the
+  shortest copy: the last arriver's); every copy ends then;
+- a member that is not traced arrives when the instance's traced copies say it did (their
+  end less the transfer), unless it is the culprit.
+
+The counterfactual changes only the culprit's part: a rank's or node's compute at its stage
+peers' typical time (its compute ratio), a starved host's lags too, a NIC's, link's or
+switch's transfers at the typical transfer of their kind in this step, an untraced culprit's
+arrivals with the traced members. Both replays share the model's errors, so the job's
+slowdown is their ratio and the lost time is the actual step time less the actual step time
+over that slowdown.
+
+Two ranks compute, then all-reduce (5 ms of transfer), then compute 20 ms each and
+all-reduce again; rank 1 computes 30 ms instead of 10 ms first. Its peer waits 20 ms for it,
+and the job's 60 ms step would have taken 40 ms without rank 1's excess:
+
+>>> from detectors.compute_suspects import compute_ratio
+>>> from detectors.features import step_features
+>>> from detectors.peers import stage_keys
+>>> from detectors.testing import frame_of, rank_step
+>>> frame = frame_of([
+...     rank_step(r, f"n{r}", 0, [("compute", "fwd", "", 0, 0.0, c, 0),
+...                               ("coll", "all_reduce", "dp.0", 1, c, 35.0 - c, 1024),
+...                               ("compute", "bwd", "", 0, 35.0, 20.0, 0),
+...                               ("coll", "all_reduce", "dp.0", 2, 55.0, 5.0, 1024)])
+...     for r, c in ((0, 10.0), (1, 30.0))
+... ])
+>>> feats = step_features(frame)
+>>> ratio = compute_ratio(frame, feats, stage_keys(frame))
+>>> cost = job_cost(frame, feats, "gpu", "rank:1", ratio)
+>>> round(cost.actual_s * 1e3, 3), round(cost.without_s * 1e3, 3), round(cost.slowdown, 3)
+(60.0, 40.0, 1.5)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from detectors.base import Stateful
+from detectors.features import Instances, StepFeatures
+from detectors.network_suspects import REF_QUANTILE, transfer_reference
+from detectors.peers import replica_keys, stage_keys
+from detectors.reconcile import NETWORK_KINDS
+from detectors.segments import grouped_median, grouped_quantile
+from schemas.frame import StepFrame
+from schemas.rankstep import COMPUTE
+
+_CONVERGED_NS = 1_000.0  # a replay that moves no op by more than 1 µs is done
+# a partial instance whose shortest copy lasts over 1.5× the typical transfer (+50 µs) waited
+# for a member that is not traced
+_UNTRACED_LATE = 1.5
+_UNTRACED_SLACK_S = 50e-6
+
+
+@dataclass(frozen=True, slots=True)
+class JobCost:
+    """The job's step time as it ran and as it would have run without the culprit."""
+
+    actual_s: float  # the step time the detectors measure (median rank span)
+    without_s: float  # what-if: the same step without the culprit's excess
+
+    @property
+    def slowdown(self) -> float:
+        return self.actual_s / self.without_s if self.without_s > 0 else 1.0
+
+    @property
+    def lost_s(self) -> float:
+        """Seconds of every GPU's step lost to the culprit."""
+        return max(self.actual_s - self.without_s, 0.0)
+
+
+class UsualStep(Stateful):
+    """What the job's healthy steps look like, for the counterfactual of a fault that changes
+    the step as a whole:
+    - the usual transfer of each kind of instance (op, size, members, across nodes or not):
+      a bad switch under most of the job slows most instances of every kind, so the step
+      itself no longer shows what a transfer should take;
+    - when each rank usually begins its step after the first one (pipeline stages begin
+      apart): a fault stretches that stagger too, through the step before.
+
+    Per kind, the lower quartile of its per-step medians over the last `window` healthy
+    steps, and per rank the median of its start offsets; the diagnoser feeds transfers only
+    while no network incident is open, starts only while no incident is, and the quantiles
+    keep the few steps between a fault's onset and its incident from moving them.
+    """
+
+    def __init__(self, window: int = 50) -> None:
+        self.window = window
+        self.seen: dict[tuple[str, int, int, bool], list[float]] = {}
+        self.starts = np.full((window, 0), np.nan)  # ring of per-rank start offsets (ns)
+        self._row = 0
+
+    def update(self, frame: StepFrame, feats: StepFeatures) -> None:
+        inst = feats.inst
+        if inst.transfer_s.size == 0:
+            return
+        keys, sig = instance_kinds(frame, inst)
+        med = grouped_median(inst.transfer_s, sig, len(keys))
+        for k, m in zip(keys, med.tolist(), strict=True):
+            past = self.seen.setdefault(k, [])
+            past.append(m)
+            del past[:-self.window]
+
+    def update_starts(self, frame: StepFrame) -> None:
+        if frame.n_ranks == 0:
+            return
+        top = int(frame.rank.max()) + 1
+        if top > self.starts.shape[1]:
+            pad = np.full((self.window, top - self.starts.shape[1]), np.nan)
+            self.starts = np.concatenate([self.starts, pad], axis=1)
+        row = self.starts[self._row % self.window]
+        row[:] = np.nan
+        row[frame.rank] = _origins(frame)
+        self._row += 1
+
+    def usual_origins(self, frame: StepFrame) -> np.ndarray:
+        """(R,) when each of the frame's ranks usually begins the step, never later than it
+        did in this one."""
+        now = _origins(frame)
+        if self._row == 0 or frame.n_ranks == 0:
+            return now
+        known = frame.rank < self.starts.shape[1]
+        past = np.full(frame.n_ranks, np.nan)
+        seen = self.starts[:, frame.rank[known]]
+        has = ~np.isnan(seen).all(axis=0)
+        med = np.full(seen.shape[1], np.nan)
+        if has.any():
+            med[has] = np.nanmedian(seen[:, has], axis=0)
+        past[known] = med
+        return np.where(np.isfinite(past), np.minimum(past, now), now)
+
+    def usual(self, frame: StepFrame, feats: StepFeatures) -> np.ndarray:
+        """(I,) the usual transfer of each instance's kind; NaN for a kind never seen."""
+        inst = feats.inst
+        if inst.transfer_s.size == 0 or not self.seen:
+            return np.full(inst.transfer_s.size, np.nan)
+        keys, sig = instance_kinds(frame, inst)
+        per_key = np.array([float(np.quantile(self.seen[k], REF_QUANTILE)) if k in self.seen
+                            else np.nan for k in keys])
+        return per_key[sig]
+
+
+@dataclass(slots=True)
+class _Change:
+    """The counterfactual: per-op factors and per-instance transfers and arrivals."""
+
+    dur: np.ndarray  # (N,) compute duration factor
+    lag: np.ndarray  # (N,) factor on the lag before the op
+    transfer_s: np.ndarray  # (I,) the instance's transfer
+    arrival_ns: np.ndarray  # (I,) when its untraced members arrive (-inf: with the traced)
+    origin: np.ndarray | None = None  # (R,) when each rank begins the step (None: as it did)
+
+
+def job_cost(
+    frame: StepFrame,
+    feats: StepFeatures,
+    kind: str,
+    entity: str,
+    ratio: np.ndarray,
+    stages: tuple[np.ndarray, int] | None = None,
+    group_size: dict[str, int] | None = None,
+    switch_of: dict[str, str] | None = None,
+    history: UsualStep | None = None,
+) -> JobCost:
+    """The job's step time with and without `entity`'s excess (`kind` says which excess).
+
+    `ratio`: each rank's compute vs its stage peers (`compute_ratio`), `stages`: the peer sets
+    it was measured in (`stage_keys`); `group_size`: members
+    per group kind from the job's layout (to see which instances miss untraced members);
+    `switch_of`: node → switch, for a switch culprit; `history`: the job's usual transfers
+    (without it, a network culprit's transfers are brought to those of the step's other
+    instances).
+    """
+    inst = feats.inst
+    span = (frame.t_end_ns - frame.t_start_ns).astype(np.float64)
+    actual = float(np.median(span)) / 1e9 if span.size else 0.0
+    if frame.n_ops == 0 or actual <= 0:
+        return JobCost(actual, actual)
+    short = _missing_members(frame, inst.group, inst.n_copies, group_size or {})
+    typical = _typical_transfer(inst)
+    # an instance that misses untraced members: if even its shortest copy lasted well over
+    # the typical transfer, that copy waited too, for an untraced member that arrived last,
+    # the typical transfer before the copies ended; otherwise a traced member was last
+    late = short & (inst.transfer_s > _UNTRACED_LATE * typical + _UNTRACED_SLACK_S)
+    transfer = np.where(late, typical, inst.transfer_s)
+    arrival = np.where(late, _earliest_copy_end(frame, inst) - transfer * 1e9, -np.inf)
+    same = _Change(np.ones(frame.n_ops), np.ones(frame.n_ops), transfer, arrival)
+    change = _change(frame, feats, kind, entity, ratio, stages or stage_keys(frame), same,
+                     typical, switch_of or {}, history)
+    if history is not None:
+        change.origin = history.usual_origins(frame)
+    base = float(np.median(replay(frame, feats, same)))
+    what_if = float(np.median(replay(frame, feats, change)))
+    if base <= 0:
+        return JobCost(actual, actual)
+    return JobCost(actual, actual * min(what_if / base, 1.0))
+
+
+def _typical_transfer(inst: Instances) -> np.ndarray:
+    """(I,) the typical transfer of each instance's kind: the network reference where there
+    is one, else the lower quartile of the instances with the same op and size (partial
+    instances included: most of them wait on healthy members), never above its own."""
+    ref = transfer_reference(inst)
+    if inst.transfer_s.size == 0:
+        return ref
+    _, bcode = np.unique(inst.bytes, return_inverse=True)
+    key = (inst.kind.astype(np.int64) * (int(inst.name.max()) + 1) + inst.name) * (
+        int(bcode.max()) + 1) + bcode.reshape(-1)
+    _, sig = np.unique(key, return_inverse=True)
+    sig = sig.reshape(-1)
+    low = grouped_quantile(inst.transfer_s, sig, int(sig.max()) + 1, REF_QUANTILE)[sig]
+    best = np.where(np.isfinite(ref), np.minimum(ref, low), low)
+    return np.minimum(best, inst.transfer_s)
+
+
+def instance_kinds(frame: StepFrame, inst: Instances) -> tuple[list[tuple[str, int, int, bool]],
+                                                             np.ndarray]:
+    """The kinds of instances whose transfers compare (op, size, members, across nodes or
+    not), named so they compare across steps too, and the (I,) kind of each instance."""
+    cols = (inst.name.astype(np.int64), inst.bytes, np.minimum(inst.n_copies, 1 << 20),
+            inst.cross_node.astype(np.int64))
+    uniq, sig = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+    keys = [(frame.names[int(n)], int(b), int(c), bool(x)) for n, b, c, x in uniq.tolist()]
+    return keys, sig.reshape(-1)
+
+
+def _transfer_elsewhere(frame: StepFrame, inst: Instances, hit: np.ndarray) -> np.ndarray:
+    """(I,) the median transfer of the instances like each one (same op, size, members,
+    across nodes or not) that do not go through the culprit: its transfers as they would be
+    without it. A bad switch under most of the job slows most instances of every kind, so a
+    quantile over all of them is not healthy; NaN where no such instance ran this step."""
+    out = np.full(inst.transfer_s.size, np.nan)
+    if inst.transfer_s.size == 0 or hit.all():
+        return out
+    keys, sig = instance_kinds(frame, inst)
+    return grouped_median(inst.transfer_s[~hit], sig[~hit], len(keys))[sig]
+
+
+def _earliest_copy_end(frame: StepFrame, inst: Instances) -> np.ndarray:
+    """(I,) the earliest end of an instance's copies on the replay's clock (ns)."""
+    comm = np.flatnonzero(frame.op_kind != COMPUTE)
+    out = np.full(inst.transfer_s.size, np.inf)
+    if comm.size:
+        ends = (frame.op_start_ns[comm] + frame.op_dur_ns[comm]).astype(np.float64)
+        ends += _origins(frame)[frame.op_rank_index()[comm]]
+        np.minimum.at(out, inst.copy_inst, ends)
+    return out
+
+
+def _missing_members(
+    frame: StepFrame, group: np.ndarray, n_copies: np.ndarray, group_size: dict[str, int]
+) -> np.ndarray:
+    """(I,) bool: the instance has fewer traced copies than its group has members."""
+    kinds = [g.partition(".")[0] for g in frame.groups]
+    size = np.array([2 if k == "pp" else group_size.get(k, 0) for k in kinds], dtype=np.int64)
+    return n_copies < size[group] if size.size else np.zeros(n_copies.size, bool)
+
+
+def _change(
+    frame: StepFrame,
+    feats: StepFeatures,
+    kind: str,
+    entity: str,
+    ratio: np.ndarray,
+    stages: tuple[np.ndarray, int],
+    same: _Change,
+    typical: np.ndarray,
+    switch_of: dict[str, str],
+    history: UsualStep | None,
+) -> _Change:
+    """The step without `entity`'s excess (see the module docstring)."""
+    inst = feats.inst
+    transfer = same.transfer_s.copy()
+    what, _, name = entity.partition(":")
+    if kind in NETWORK_KINDS:
+        hit = _network_instances(frame, feats, what, name, switch_of)
+        usual = history.usual(frame, feats) if history is not None else typical * np.nan
+        elsewhere = _transfer_elsewhere(frame, inst, hit)
+        usual = np.where(np.isfinite(usual), usual,
+                         np.where(np.isfinite(elsewhere), elsewhere, typical))
+        transfer[hit] = np.minimum(transfer[hit], usual[hit])
+        # a slow transfer to a member that is not traced reads as that member arriving late
+        return _Change(same.dur, same.lag, transfer, _with_traced(same.arrival_ns))
+    if what == "rank" and name.isdigit():
+        ranks = np.flatnonzero(frame.rank == int(name))
+    elif what == "node" and kind != "gpu":  # a gpu on a node: one of its untraced GPUs
+        ranks = np.flatnonzero(np.array(frame.nodes, dtype=object)[frame.node] == name)
+    else:
+        ranks = np.zeros(0, np.int64)
+    if ranks.size == 0:
+        # not traced: its peers' waits on it are what it costs; without it, the members
+        # that are not traced arrive with the traced ones
+        return _Change(same.dur, same.lag, transfer, _with_traced(same.arrival_ns))
+    factor = np.ones(frame.n_ranks)
+    factor[ranks] = 1.0 / np.maximum(np.nan_to_num(ratio[ranks], nan=1.0), 1.0)
+    per_op = np.repeat(factor, np.diff(frame.off))
+    dur, lag = same.dur, same.lag
+    mine = np.zeros(frame.n_ranks, bool)
+    mine[ranks] = True
+    culprit = np.repeat(mine, np.diff(frame.off))
+    if feats.has_compute:
+        compute = np.flatnonzero(frame.op_kind == COMPUTE)
+        # one GPU is measured against its tensor-parallel replica, which computes the same
+        # data (sequence lengths differ between replicas, and that is no fault of it)
+        peers = (replica_keys(frame) if kind == "gpu" else None) or stages
+        dur = _toward_peers(frame, peers, frame.op_dur_ns.astype(np.float64), compute,
+                            culprit, per_op)
+    if kind == "host" or not feats.has_compute:
+        # a starved host stretches the gaps before ops; without compute ops the gaps are the
+        # compute (the ratio is measured on them)
+        lags = _lags(frame)
+        lag = _toward_peers(frame, stages, lags, np.arange(frame.n_ops), culprit,
+                            per_op if not feats.has_compute else np.ones(frame.n_ops))
+    # a node's (or host's) untraced GPUs are as slow as its traced ones: without it, they
+    # arrive with the rest; one traced GPU's untraced peers are healthy and keep their time
+    one_gpu = what == "rank"
+    return _Change(dur, lag, transfer, same.arrival_ns if one_gpu else _with_traced(
+        same.arrival_ns))
+
+
+def _with_traced(arrival_ns: np.ndarray) -> np.ndarray:
+    """Untraced members that arrive with the traced ones (the counterfactual of a culprit
+    that may be among them)."""
+    return np.full_like(arrival_ns, -np.inf)
+
+
+def _lags(frame: StepFrame) -> np.ndarray:
+    """(N,) the time each op waited after its predecessor on its rank (launch gaps, host
+    work between ops), as the replay models it."""
+    ri = frame.op_rank_index()
+    start = frame.op_start_ns.astype(np.float64)
+    end = start + frame.op_dur_ns
+    pred = _predecessors(ri, start, end)
+    return np.maximum(np.where(pred >= 0, start - end[np.maximum(pred, 0)], start), 0.0)
+
+
+def _peer_typical(
+    frame: StepFrame, stages: tuple[np.ndarray, int], values: np.ndarray, rows: np.ndarray,
+    culprit: np.ndarray,
+) -> np.ndarray:
+    """(len(rows),) the median of `values` (per op) over the same op, by name and occurrence
+    (a rank's 3rd "fwd"), on the stage peers that are not the culprit; NaN where none ran it."""
+    ri = frame.op_rank_index()[rows]
+    name = frame.op_name[rows].astype(np.int64)
+    n_names = int(name.max()) + 1
+    order = np.lexsort((rows, name, ri))
+    cell = ri[order] * n_names + name[order]
+    first = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]])
+    occ_sorted = np.arange(order.size) - np.repeat(first, np.diff(np.r_[first, order.size]))
+    occ = np.empty(order.size, np.int64)
+    occ[order] = occ_sorted
+    n_occ = int(occ.max()) + 1
+    key = (stages[0][ri] * n_names + name) * n_occ + occ
+    uniq, code = np.unique(key, return_inverse=True)
+    code = code.reshape(-1)
+    peer = ~culprit[rows]
+    typical = np.full(uniq.size, np.nan)
+    if peer.any():
+        typical = grouped_median(values[rows][peer], code[peer], uniq.size)
+    return typical[code]
+
+
+def _toward_peers(
+    frame: StepFrame, stages: tuple[np.ndarray, int], values: np.ndarray, rows: np.ndarray,
+    culprit: np.ndarray, fallback: np.ndarray,
+) -> np.ndarray:
+    """(N,) factor on each op's value: the culprit's `rows` brought down to their peers'
+    typical value (never up), `fallback` where no peer ran the op; 1 elsewhere."""
+    out = np.ones(frame.n_ops)
+    if rows.size == 0 or not culprit[rows].any():
+        return out
+    t = _peer_typical(frame, stages, values, rows, culprit)
+    v = values[rows]
+    ok = np.isfinite(t) & (v > 0)
+    factor = np.where(ok, np.minimum(t / np.where(v > 0, v, 1.0), 1.0), fallback[rows])
+    out[rows] = np.where(culprit[rows], factor, 1.0)
+    return out
+
+
+def _network_instances(
+    frame: StepFrame, feats: StepFeatures, what: str, name: str, switch_of: dict[str, str]
+) -> np.ndarray:
+    """(I,) bool: cross-node instances that go through the NIC, link or switch `name`."""
+    inst = feats.inst
+    if what == "node":
+        on = np.array([n == name for n in frame.nodes])
+    elif what == "link":
+        a, _, b = name.partition("~")
+        on = np.array([n in (a, b) for n in frame.nodes])
+    elif what == "switch":
+        on = np.array([switch_of.get(n) == name for n in frame.nodes])
+    else:
+        on = np.zeros(len(frame.nodes), bool)
+    if not on.any() or inst.copy_inst.size == 0:
+        return np.zeros(inst.transfer_s.size, bool)
+    touch = np.bincount(inst.copy_inst, weights=on[frame.node[inst.copy_rank]],
+                        minlength=inst.transfer_s.size)
+    if what == "link":  # both ends: a p2p transfer between the two nodes
+        other = np.bincount(inst.copy_inst, weights=~on[frame.node[inst.copy_rank]],
+                            minlength=inst.transfer_s.size)
+        return inst.cross_node & (touch >= 2) & (other == 0)
+    return inst.cross_node & (touch > 0)
+
+
+def replay(frame: StepFrame, feats: StepFeatures, change: _Change) -> np.ndarray:
+    """(R,) each rank's span (ns) when its step is re-run with `change` (module docstring)."""
+    ri = frame.op_rank_index()
+    start = frame.op_start_ns.astype(np.float64)
+    dur = frame.op_dur_ns.astype(np.float64)
+    end = start + dur
+    pred = _predecessors(ri, start, end)
+    lag = np.maximum(np.where(pred >= 0, start - end[np.maximum(pred, 0)], start), 0.0)
+    lag = lag * change.lag
+    new_dur = dur * change.dur
+    comm = np.flatnonzero(frame.op_kind != COMPUTE)
+    inst = feats.inst
+    # copies grouped by instance, for a max per instance without a scatter
+    order = np.argsort(inst.copy_inst, kind="stable")
+    sorted_inst = inst.copy_inst[order]
+    heads = np.flatnonzero(np.r_[True, sorted_inst[1:] != sorted_inst[:-1]]) if order.size \
+        else order
+    head_inst = sorted_inst[heads]
+    arrival = change.arrival_ns
+    transfer_ns = change.transfer_s * 1e9
+    is_comm = frame.op_kind != COMPUTE
+    actual_origin = _origins(frame)
+    origin = actual_origin if change.origin is None else change.origin
+    end = end + actual_origin[ri]
+    new_end = end.copy()
+    per_rank = np.diff(frame.off)
+    rounds = 2 * int(per_rank.max(initial=0)) + 8
+    for _ in range(rounds):
+        s = np.where(pred >= 0, new_end[np.maximum(pred, 0)], origin[ri]) + lag
+        e = s + new_dur
+        if comm.size:
+            last = np.maximum.reduceat(s[comm][order], heads)
+            inst_end = np.maximum(last, arrival[head_inst]) + transfer_ns[head_inst]
+            full = np.empty(inst.transfer_s.size)
+            full[head_inst] = inst_end
+            e[is_comm] = full[inst.copy_inst]
+        moved = float(np.max(np.abs(e - new_end))) if e.size else 0.0
+        new_end = e
+        if moved < _CONVERGED_NS:
+            break
+    tail = (frame.t_end_ns - frame.t_start_ns).astype(np.float64)
+    last_actual = np.full(frame.n_ranks, 0.0)
+    last_new = np.full(frame.n_ranks, 0.0)
+    if frame.n_ops:
+        np.maximum.at(last_actual, ri, end)
+        np.maximum.at(last_new, ri, new_end)
+    return np.maximum(tail - (last_actual - actual_origin), 0.0) + last_new - origin
+
+
+def _origins(frame: StepFrame) -> np.ndarray:
+    """(R,) when each rank began the step, from the first rank's start (ns). Ranks begin a
+    step when their last one ended, which differs by pipeline stage; node clocks agree to
+    far less than a step, so the replay runs on one clock with each rank starting there."""
+    if frame.n_ranks == 0:
+        return np.zeros(0)
+    return (frame.t_start_ns - frame.t_start_ns.min()).astype(np.float64)
+
+
+def _predecessors(ri: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """(N,) the op of the same rank that ended last at or before each op started (-1: none).
+
+    One sorted search over (rank, end) keys: ops that overlap an op are not its
+    predecessors, so async work stays async in the replay."""
+    n = start.size
+    if n == 0:
+        return np.zeros(0, np.int64)
+    width = float(max(end.max(), start.max())) + 1.0
+    key_end = ri * width + end
+    order = np.argsort(key_end, kind="stable")
+    sorted_keys = key_end[order]
+    pos = np.searchsorted(sorted_keys, ri * width + start, side="right") - 1
+    idx = np.arange(n)
+    # an op of zero length ends where it starts: it is not its own predecessor
+    self_hit = (pos >= 0) & (order[np.maximum(pos, 0)] == idx)
+    pos = np.where(self_hit, pos - 1, pos)
+    cand = order[np.maximum(pos, 0)]
+    ok = (pos >= 0) & (ri[cand] == ri) & (cand != idx)
+    return np.where(ok, cand, -1)
