@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from detectors.base import Stateful
+from detectors.stalls import split_stalls
 from schemas.clock import NS_PER_S
 from schemas.frame import StepFrame
 from schemas.rankstep import COORD_DIMS, RankStep
@@ -190,7 +191,7 @@ class StepAssembler(Stateful):
             groups=self.groups.table,
             missing=np.array(sorted(self.known - set(ranks)), dtype=np.int64),
         )
-        return sort_ops(frame)
+        return split_stalls(sort_ops(frame))
 
 
 def sort_ops(frame: StepFrame) -> StepFrame:

@@ -49,6 +49,7 @@ from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
 from detectors.reconcile import NETWORK_KINDS, Placement, covering, spread_of
 from detectors.rows import group_rows, rank_rows
+from detectors.stalls import stall_seconds
 from detectors.suspects import step_suspects
 from detectors.untraced_suspects import WaitHistory, untraced_home
 from detectors.whatif import UsualStep, job_cost
@@ -218,9 +219,11 @@ class JobDiagnoser(Stateful):
                 zip(frame.rank.tolist(), [names[i] for i in frame.node.tolist()], strict=True)
             )
         step_time = float(np.median(feats.span_s))
+        stall_names, stall_s = stall_seconds(frame)
         self.budget.add(
             float(np.median(feats.compute_s)), float(np.median(feats.comm_s - feats.wait_s)),
             float(np.median(feats.wait_s)), float(np.median(feats.gap_s)),
+            dict(zip(stall_names, np.median(stall_s, axis=0).tolist(), strict=True)),
         )
         self.assembler.set_step_time(step_time)
         irr = self.baseline.update(step_time)

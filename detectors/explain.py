@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.features import StepFeatures
+from detectors.stalls import describe_stalls
 from schemas.frame import StepFrame
 
 
@@ -90,6 +91,28 @@ def summarize(
     return text
 
 
+def _host(entity: str, name: str, detail: str, frame: StepFrame, feats: StepFeatures) -> str:
+    """A starved host, or one rank's own stall: what the time went to, by name when the
+    hook named it (GC, data loading, checkpoints, marked phases)."""
+    step_s = float(np.median(frame.t_end_ns - frame.t_start_ns)) / 1e9 if frame.n_ranks else 0.0
+    if entity.startswith("rank:") and name.isdigit():
+        rank = int(name)
+        named = describe_stalls(frame, frame.rank == rank, step_s)
+        text = (f"{rank_label(frame, rank)} stalls on its host: {detail} while its GPU "
+                f"compute is normal")
+        text += f"; in {named}" if named else " (a GC pause, data loading or a sleep?)"
+        group, op, n_wait, wait_s = waiting_group(frame, feats, rank)
+        if n_wait:
+            waiters = "1 rank waits" if n_wait == 1 else f"{n_wait} ranks wait"
+            text += f"; {waiters} on it in {group} {op} ({wait_s:.2f} s per step)"
+        return text
+    on_node = np.array(frame.nodes, dtype=object)[frame.node] == name
+    named = describe_stalls(frame, on_node, step_s)
+    return (f"host of node {name}: {detail} between ops while GPU compute is normal"
+            + (f"; its ranks stall in {named}" if named
+               else " (CPU contention or launch stalls)"))
+
+
 def _describe(
     kind: str,
     entity: str,
@@ -114,10 +137,7 @@ def _describe(
     if kind == "node":
         return f"node {name}: every GPU computes slower than its peers ({detail})"
     if kind == "host":
-        return (
-            f"host of node {name}: {detail} between ops while GPU compute is normal "
-            f"(CPU contention or launch stalls)"
-        )
+        return _host(entity, name, detail, frame, feats)
     if kind == "switch":
         return f"switch {name} is congested: {detail} of its nodes"
     if entity.startswith("link:"):

@@ -109,6 +109,7 @@ class HangDetector(Stateful):
         kept = self.newest_ops.get(rank)
         if kept is None or step >= kept[0]:
             self.newest_ops[rank] = (step, groups, seqs)
+
     def settle(self, now_ns: int) -> None:
         """A hang ended (its culprit progressed) at `now_ns`: the waits it caused are over,
         though each waiter's heartbeat shows them until its next one. For one timeout,
@@ -116,15 +117,24 @@ class HangDetector(Stateful):
         self.settled_ns = now_ns
 
     def _over(self, rank: int, group: str, seq: int) -> bool:
-        """Did a peer of `rank` in `group` finish the group's instance `seq`?"""
+        """Did a peer of `rank` in `group` finish the group's instance `seq`? Its newest
+        finished step may hold it, or its heartbeat may show it past it: `seq` counts a
+        group's instances in order, so a peer in flight only on later ones of the group
+        (a send of the next microbatch) is done with this one."""
         for peer in self.members.get(group, ()):
-            kept = self.newest_ops.get(peer) if peer != rank else None
-            if kept is None:
+            if peer == rank:
                 continue
-            _, groups, seqs = kept
-            mine = np.fromiter((g == group for g in groups), bool, len(groups))
-            if mine.any() and int(seqs[mine].max()) >= seq:
-                return True
+            kept = self.newest_ops.get(peer)
+            if kept is not None:
+                _, groups, seqs = kept
+                mine = np.fromiter((g == group for g in groups), bool, len(groups))
+                if mine.any() and int(seqs[mine].max()) >= seq:
+                    return True
+            hb = self.last.get(peer)
+            if hb is not None and not self._finished(peer, hb.step):
+                there = [op.seq for op in hb.inflight if op.group == group]
+                if there and min(there) > seq:
+                    return True
         return False
 
     def _finished(self, rank: int, step: int) -> bool:

@@ -38,6 +38,11 @@ from schemas.frame import StepFrame
 # σ floor of the idle-gap share (0.3% of the step span): with identical hosts the spread is
 # zero and any scheduling microsecond would count as infinitely significant
 _HOST_SIGMA_FLOOR = 0.003
+# σ floor of one rank's idle-gap share (1% of the step span). A single process's gaps jitter
+# far more than a node's majority does, and when every rank stalls alike (a job-wide GC) the
+# spread between them grows before the noise memory has seen it; with this floor a rank must
+# idle about Z_REPORT % of a step more than its peers to stand out.
+_RANK_SIGMA_FLOOR = 0.01
 
 
 def host_suspects(
@@ -79,3 +84,19 @@ def host_suspects(
             node_extra[n],
             f"idle gaps +{node_extra[n] * 1e3:.0f} ms per rank",
         )
+    _rank_stalls(frame, h, extra, zh >= Z_REPORT, keys, n_keys, noise, out)
+
+
+def _rank_stalls(frame: StepFrame, h: np.ndarray, extra: np.ndarray, node_starved: np.ndarray,
+                 keys: np.ndarray, n_keys: int, noise: NoiseMemory, out: Candidates) -> None:
+    """One rank idle between its ops far longer than its stage peers, on a node whose other
+    ranks are fine: that process's own stall (a GC pause, a late data loader, a sleep, a
+    synchronous checkpoint). Its GPU compute is normal, so the compute view is blind to it,
+    and every peer that meets it in a collective waits. It needs at least 3 ranks in its
+    stage to have a majority to differ from."""
+    stage_size = np.bincount(keys, minlength=n_keys)[keys]
+    sr = noise.sigma("host_rank", h, _RANK_SIGMA_FLOOR)
+    zr = h / sr
+    for i in np.flatnonzero((zr >= Z_REPORT) & (stage_size >= 3) & ~node_starved[frame.node]):
+        out.add(f"rank:{int(frame.rank[i])}", "host", zr[i], extra[i],
+                f"idle +{extra[i] * 1e3:.0f} ms per step between its ops")

@@ -8,7 +8,7 @@ indexes `nodes`, so all comparisons are integer array operations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,6 +39,12 @@ class StepFrame:
     names: list[str]
     groups: list[str]
     missing: np.ndarray  # (M,) int64 ranks expected but absent (grace period expired)
+    # Named host stalls (`host:<what>` ops, schemas.rankstep.HOST_STALL_PREFIX), kept apart
+    # from the ops: the thread waited in them, so they are idle time with a name, not compute.
+    # (S,) each: index into the rank arrays, index into `names`, duration.
+    stall_rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    stall_name: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    stall_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def n_ranks(self) -> int:

@@ -20,6 +20,12 @@ P2P = 2
 OP_KINDS: tuple[str, ...] = ("compute", "coll", "p2p")
 KIND_CODE: dict[str, int] = {k: i for i, k in enumerate(OP_KINDS)}
 COORD_DIMS: tuple[str, ...] = ("tp", "pp", "dp", "ep", "cp")
+# A named host stall is sent as a compute op (group "") named `host:<what>`: `host:gc`,
+# `host:data` (waiting on the DataLoader), `host:checkpoint`, or `host:<a user's phase>`.
+# Within wire v1 (a name convention, no new field or kind): older consumers see one more
+# compute phase. Flare's step assembly takes these out of the compute ops: the thread
+# waited, it did not compute, so they count as the idle time they are, by name.
+HOST_STALL_PREFIX = "host:"
 GROUP_KINDS: frozenset[str] = frozenset({"tp", "dp", "pp", "ep", "cp", "world", "pg"})
 
 

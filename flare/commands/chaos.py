@@ -28,8 +28,13 @@ def register(app: typer.Typer) -> None:
         flap_s: float = typer.Option(
             0.0, help="with --rate-limit: switch the limit on and off every this many s"),
         freeze: int = typer.Option(None, "--freeze", metavar="PID", help="stop this process"),
+        gpu_clock: int = typer.Option(
+            None, "--gpu-clock", metavar="INDEX", help="lock this GPU's clock to --mhz "
+            "(nvidia-smi -lgc; reset with -rgc)"),
+        mhz: int = typer.Option(600, help="with --gpu-clock: the clock, MHz"),
     ) -> None:
-        """Apply one fault (CPU quota, NIC rate limit or freeze) for --duration, then undo it."""
+        """Apply one fault (CPU quota, NIC rate limit, freeze or GPU clock lock) for
+        --duration, then undo it."""
         import signal
         import time
 
@@ -39,13 +44,15 @@ def register(app: typer.Typer) -> None:
             FaultError,
             Flapping,
             Freeze,
+            GpuClockLock,
             Interface,
             RateLimit,
         )
 
-        targets = [t for t in (cpu_quota, rate_limit, freeze) if t is not None]
+        targets = [t for t in (cpu_quota, rate_limit, freeze, gpu_clock) if t is not None]
         if len(targets) != 1:
-            _fail("name exactly one target: --cpu-quota PID, --rate-limit IFACE or --freeze PID")
+            _fail("name exactly one target: --cpu-quota PID, --rate-limit IFACE, --freeze PID "
+                  "or --gpu-clock INDEX")
         if duration <= 0:
             _fail("--duration must be > 0 seconds")
         fault: Fault
@@ -56,6 +63,9 @@ def register(app: typer.Typer) -> None:
             elif freeze is not None:
                 fault, what = Freeze(freeze, name=f"flare-chaos-{freeze}"), (
                     f"freeze of process {freeze}")
+            elif gpu_clock is not None:
+                fault, what = GpuClockLock(gpu_clock, mhz), (
+                    f"clock of GPU {gpu_clock} locked to {mhz} MHz")
             else:
                 limit = RateLimit([Interface(rate_limit, netns)], mbit)
                 fault = Flapping(limit, flap_s, flap_s) if flap_s > 0 else limit

@@ -10,6 +10,9 @@ These are the kernel's own mechanisms, not sleeps inside the training code:
 - `RateLimit`: a `tbf` qdisc on an interface: everything it sends is held to a rate. Shaping a
   NIC in both directions takes two (one on each end of a veth, or the NIC and its peer).
 - `Flapping`: a `RateLimit` switched on and off on a period, on a thread of its own.
+- `GpuClockLock`: one GPU's graphics clock locked low with `nvidia-smi -lgc`, the way a
+  thermally or power-capped GPU runs; undone with `-rgc`. Only where the NVIDIA driver is:
+  this project's machines have no GPU, so its tests run it against a fake `nvidia-smi`.
 
 Every fault is idempotent to undo, and undoing leaves nothing behind (the cgroup directory is
 removed, the qdisc deleted), so a drill or `flare chaos` can always clean up on exit.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -247,3 +251,36 @@ class Flapping:
             self._thread.join(5)
             self._thread = None
         self.limit.undo()
+
+
+@dataclass(slots=True)
+class GpuClockLock:
+    """Lock GPU `index`'s graphics clock to `mhz` (min = max) until undone."""
+
+    index: int
+    mhz: int
+    tool: str = "nvidia-smi"
+
+    def __post_init__(self) -> None:
+        if self.index < 0 or not 100 <= self.mhz <= 5000:
+            raise ValueError("a GPU index >= 0 and a clock between 100 and 5000 MHz")
+
+    def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        exe = shutil.which(self.tool)
+        if exe is None:
+            raise FaultError(f"no `{self.tool}` on this node: a GPU clock lock needs the "
+                             "NVIDIA driver")
+        return subprocess.run([exe, "-i", str(self.index), *args], capture_output=True,
+                              text=True)
+
+    def apply(self) -> None:
+        out = self._run("-lgc", f"{self.mhz},{self.mhz}")
+        if out.returncode != 0:
+            self.undo()  # whatever it did set before failing, nothing stays locked
+            said = (out.stderr or out.stdout).strip().splitlines()
+            raise FaultError(f"{self.tool} could not lock GPU {self.index}'s clock: "
+                             f"{said[-1] if said else f'exit {out.returncode}'}")
+
+    def undo(self) -> None:
+        with contextlib.suppress(FaultError):
+            self._run("-rgc")  # resetting an unlocked clock is harmless

@@ -161,6 +161,9 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
     out = spec.workdir / tag
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(spec.seed)
+    if rootless:
+        say("not root: no network namespaces, cgroups or tc here, so every rank and the "
+            "broker run on this host's loopback, and a freeze is a SIGSTOP")
     with contextlib.ExitStack() as stack:
         hosts, broker = _hosts(spec, tag, rootless, out, stack)
         job = f"drill-{tag}"

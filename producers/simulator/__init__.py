@@ -7,9 +7,9 @@ their last member arrives, p2p rendezvous, GPipe or 1F1B pipelining. `ClusterSim
 `write_recording()` a `.jsonl` recording with its `<stem>.truth.json`.
 
 Real-training conditions are scenario options too (`Scenario.step_time_s`, `traced`,
-`comm_only`, `seq_imbalance`, `stage_imbalance`, `schedule`; the `straggler` and
-`flapping_nic` fault families): production recordings have them, and the detectors must hold
-under them.
+`comm_only`, `seq_imbalance`, `stage_imbalance`, `schedule`; the `straggler`,
+`flapping_nic` and `rank_stall` fault families): production recordings have them, and the
+detectors must hold under them.
 """
 
 from producers.simulator.recording import read_truth, truth_path, write_recording

@@ -162,7 +162,7 @@ def plan_fault(
 ) -> FaultPlan:
     """Bind `fault` to this topology (clear ValueError when it cannot happen on it)."""
     fam = fault.family
-    if fam in ("slow_gpu", "thermal", "straggler"):
+    if fam in ("slow_gpu", "thermal", "straggler", "rank_stall"):
         r = _resolve_rank(topo, fault.target, target_rng)
         plan = FaultPlan(fault, fault.kind, topo.rank_entity(r), ranks=np.array([r]))
         if fam == "thermal":

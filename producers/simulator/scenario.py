@@ -25,6 +25,7 @@ FAMILIES: tuple[str, ...] = (
     "comm_hang",
     "straggler",
     "flapping_nic",
+    "rank_stall",
 )
 
 # Severity grids of the evaluation matrix. Compute faults are slowdown factors (Holmes found
@@ -33,6 +34,8 @@ FAMILIES: tuple[str, ...] = (
 # (1.3 = the node's ranks lose 30% of a step); hangs have no severity (1.0). A straggler is
 # a GPU so slow (5–20×) that its peers' waits outlast a hang timeout while it still makes
 # progress; a flapping NIC needs a clear divisor (÷2–10) since its evidence comes and goes.
+# A rank stall is one process idle between its ops while its GPU is healthy (a GC pause every
+# step, a starved data loader): the step time that rank alone loses, as for a host.
 SEVERITIES: dict[str, tuple[float, ...]] = {
     "slow_gpu": (1.05, 1.2, 1.5, 2.0),
     "thermal": (1.2, 1.5, 2.0),
@@ -45,6 +48,7 @@ SEVERITIES: dict[str, tuple[float, ...]] = {
     "comm_hang": (1.0,),
     "straggler": (5.0, 10.0, 20.0),
     "flapping_nic": (2.0, 4.0, 10.0),
+    "rank_stall": (1.1, 1.3, 1.5),
 }
 
 # Incident kind (DESIGN §3) that a correct diagnosis of each family reports.
@@ -60,6 +64,7 @@ FAMILY_KIND: dict[str, str] = {
     "comm_hang": "hang",
     "straggler": "gpu",
     "flapping_nic": "link",
+    "rank_stall": "host",
 }
 
 # Which ranks report (`Scenario.traced`): every rank; one rank per TP group (tp coordinate 0,

@@ -168,6 +168,13 @@ class ClusterSimulator:
                 xfer = dict(xfer)
                 for k, mult in stretch.items():
                     xfer[k] = [x * m for x, m in zip(xfer[k], mult, strict=True)]
+            elif fam == "rank_stall":
+                # one lump per step (a GC pause, a late batch) before a random op of the rank
+                lost = (plan.fault.severity - 1.0) * self.scenario.step_time_s * 1e9
+                r = int(plan.ranks[0])
+                s = r // S
+                nd.gaps[s][int(host_rng.integers(K[s])), r % S] += lost * host_rng.uniform(
+                    0.8, 1.2)
             elif fam == "host":
                 # exponential launch delays; mean such that the node's ranks lose about
                 # (severity - 1) of a step in gaps, while compute durations stay normal

@@ -278,6 +278,34 @@ def test_a_rank_frozen_inside_a_recv_its_peer_already_sent_is_the_root():
     assert "inside recv of pp.3.7-3" in f.summary, f.summary
 
 
+def test_a_rank_frozen_in_a_recv_whose_peer_is_on_its_next_send_is_the_root():
+    """Seen in a CI drill: rank 0 froze inside its recv #52 from rank 4. Rank 4's send #52
+    had completed (gloo hands it to the socket), and rank 4 now sits in its send #53, which
+    rank 0 will never receive; no step of either finished since. Rank 4's heartbeat shows
+    it past #52, so rank 0 waits on nobody: it is stopped, not a pipeline group of one."""
+    d = HangDetector(timeout_s=10)
+    d.learn_members("pp.0.4-0", {0, 4})
+    for t in range(1, 25):
+        d.observe(hb(0, t, [("pp.0.4-0", "recv", 52, 0.9)], step=26))
+        d.observe(hb(4, t, [("pp.0.4-0", "send", 53, 1.0)], step=26))
+    f = d.check(int(24 * S))
+    assert f is not None and f.culprit == "rank:0", f
+    assert "inside recv of pp.0.4-0" in f.summary, f.summary
+
+
+def test_a_peer_still_on_the_same_instance_is_waiting_too():
+    """Both ends in flight on #52 (and rank 4 on #53 as well, a batched isend): nobody is
+    past #52, so nothing says who stopped."""
+    d = HangDetector(timeout_s=10)
+    d.learn_members("pp.0.4-0", {0, 4})
+    for t in range(1, 25):
+        d.observe(hb(0, t, [("pp.0.4-0", "recv", 52, 0.9)], step=26))
+        d.observe(hb(4, t, [("pp.0.4-0", "send", 52, 0.8), ("pp.0.4-0", "send", 53, 1.0)],
+                     step=26))
+    f = d.check(int(24 * S))
+    assert f is None or not f.culprit.startswith("rank:"), f
+
+
 def test_a_recv_whose_send_never_finished_still_waits_on_its_peer():
     d = HangDetector(timeout_s=10)
     _frozen_in_a_recv_its_peer_sent(d, peer_sent=False)

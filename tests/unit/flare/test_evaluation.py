@@ -82,7 +82,7 @@ def test_condition_scenarios_remake_the_whole_matrix_with_heartbeats_everywhere(
         replace(sc, job="x") for sc in base
     ]  # the same runs, seeds included: conditions differ by the condition only
     fams = {sc.fault.family for sc in base if sc.fault}
-    assert fams == set(DEFAULT_FAMILIES) | {"straggler", "flapping_nic"}
+    assert fams == set(DEFAULT_FAMILIES) | {"straggler", "flapping_nic", "rank_stall"}
     assert sum(sc.steps for sc in base if sc.fault is None) == sum(
         sc.steps for sc in clean_scenarios([8, 64], 500)
     )

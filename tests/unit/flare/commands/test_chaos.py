@@ -74,3 +74,43 @@ def test_a_rate_limit_is_on_while_it_lasts_and_gone_after() -> None:
         assert "tbf" not in after
     finally:
         subprocess.run(["ip", "netns", "delete", ns])
+
+
+def _fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exit_code: int = 0) -> Path:
+    """A stand-in `nvidia-smi` first on PATH (no GPU here): it logs its arguments, and fails
+    with `exit_code` when asked to lock, as the driver does for a GPU that refuses."""
+    calls = tmp_path / "calls"
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                    f'case "$3" in -lgc) echo "Setting locked GPU clocks is not supported" >&2;'
+                    f' exit {exit_code};; esac\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def test_a_gpu_clock_is_locked_then_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _fake_nvidia_smi(tmp_path, monkeypatch)
+    out = run("--gpu-clock", "3", "--mhz", "700", "--duration", "0.2")
+    assert out.exit_code == 0, out.output
+    assert "applied: clock of GPU 3 locked to 700 MHz" in out.output and "undone:" in out.output
+    assert calls.read_text().splitlines() == ["-i 3 -lgc 700,700", "-i 3 -rgc"]
+
+
+def test_a_gpu_that_refuses_the_lock_is_one_line_and_left_reset(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _fake_nvidia_smi(tmp_path, monkeypatch, exit_code=3)
+    out = run("--gpu-clock", "0", "--duration", "0.2")
+    assert out.exit_code == 2
+    assert out.output.strip() == ("error: nvidia-smi could not lock GPU 0's clock: Setting "
+                                  "locked GPU clocks is not supported")
+    assert calls.read_text().splitlines() == ["-i 0 -lgc 600,600", "-i 0 -rgc"]
+
+
+def test_without_the_driver_a_gpu_clock_lock_says_so(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi anywhere
+    out = run("--gpu-clock", "0", "--duration", "0.2")
+    assert out.exit_code == 2 and "needs the NVIDIA driver" in out.output
+    assert len(out.output.strip().splitlines()) == 1

@@ -36,13 +36,40 @@ def test_slow_node_slows_every_rank_of_the_node():
     assert np.allclose(per_rank[:4] / per_rank[4:8], 1.0, rtol=1e-3)
 
 
+def test_a_rank_stall_idles_one_rank_and_leaves_its_compute_alone():
+    fault = Fault("rank_stall", 1.3, 1, "rank:5")
+    sc = scenario(layout=Layout(tp=2, pp=2, dp=4, gpus_per_node=4), steps=3, fault=fault,
+                  noise=Noise.quiet())  # fmt: skip
+    before, during = frames(ClusterSimulator(sc))[0], frames(ClusterSimulator(sc))[2]
+
+    def compute_and_idle(f: StepFrame) -> tuple[np.ndarray, np.ndarray]:
+        ri = f.op_rank_index()
+        comp = f.op_kind == 0
+        compute = np.bincount(ri[comp], weights=f.op_dur_ns[comp], minlength=16)
+        # idle: the rank's span less what its ops covered (ops of one rank do not overlap
+        # in a quiet GPipe step, apart from waits inside collectives, which count as ops)
+        ends = f.op_start_ns + f.op_dur_ns
+        covered = np.bincount(ri, weights=f.op_dur_ns, minlength=16)
+        span = np.array([ends[ri == i].max() for i in range(16)])
+        return compute, span - covered
+
+    c0, idle0 = compute_and_idle(before)
+    c1, idle1 = compute_and_idle(during)
+    assert np.allclose(c1, c0, rtol=1e-6)  # no GPU is slower
+    grew = idle1 - idle0
+    step_ns = sc.step_time_s * 1e9
+    assert 0.2 * step_ns < grew[5] < 0.4 * step_ns  # about (1.3 − 1) of a step, one lump
+    assert np.all(np.abs(np.delete(grew, 5)) < 0.05 * step_ns)  # its peers wait, not idle
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_ground_truth_of_every_family(family):
     sev = SEVERITIES[family][-1]
     sim = ClusterSimulator(scenario(layout=layout_for_gpus(256), steps=4,
                                     fault=Fault(family, sev, 2)))  # fmt: skip
     t = sim.truth
-    prefix = {"gpu": "rank:", "node": "node:node-", "host": "node:node-", "switch": "switch:leaf-",
+    prefix = {"gpu": "rank:", "node": "node:node-", "switch": "switch:leaf-",
+              "host": "rank:" if family == "rank_stall" else "node:node-",
               "hang": "group:dp." if family == "comm_hang" else "rank:",
               "link": "link:node-" if family == "pp_link" else "node:node-"}  # fmt: skip
     assert t.family == family and t.kind == FAMILY_KIND[family]
