@@ -91,6 +91,11 @@ class JobDiagnoser(Stateful):
         self._job_before_s = 0.0  # the step time a job-wide shift left
         self.usual = UsualStep()  # the healthy step, for a counterfactual's transfers and starts
         self.budget = StepBudget()
+        # A job's `end` event is final only after a grace: a rank's last steps can still be
+        # on their way (a straggler's agent behind, a broker partition read later), and
+        # resolving first would open their evidence as new incidents. None: not ending.
+        self.end_at_ns: int | None = None
+        self.ended = False  # the job ended: its silence is no hang
 
     # ---- inputs ---------------------------------------------------------------------------
     def on_steps(self, msg: RankStep) -> DiagnoserOutput:
@@ -117,11 +122,15 @@ class JobDiagnoser(Stateful):
         """
         self.hang.observe(hb)
         self.now_ns = max(self.now_ns, hb.ts_ns)
-        return self._check_hang()
+        return self._check_hang() if self.end_at_ns is None and not self.ended else (
+            DiagnoserOutput())
 
     def on_job(self, ev: JobV1) -> DiagnoserOutput:
-        """A job start (layout, topology) or end (flushes pending steps)."""
+        """A job start (layout, topology) or end. The end is final one assembly grace later
+        (on `tick`, or at once on `flush`): then pending steps are assembled and every open
+        incident resolves. Until a new start, the job's silence is no hang."""
         if ev.event == "start":
+            self.ended, self.end_at_ns = False, None
             if ev.world_size:
                 self.assembler.world_size = ev.world_size
                 self.world = ev.world_size
@@ -133,11 +142,22 @@ class JobDiagnoser(Stateful):
                 self.topology.world = ev.world_size or 0
             if ev.nodes:
                 self.topology.nodes = tuple(n.node for n in ev.nodes)
-                self.topology.switch_of = {n.node: n.switch for n in ev.nodes if n.switch}
+            if ev.nodes or ev.topology:
+                known = [*(ev.topology or ()), *(ev.nodes or ())]  # the job's own list wins
+                self.topology.switch_of = {n.node: n.switch for n in known if n.switch}
                 self.placement.switch_of_node = self.topology.switch_of
             self.now_ns = max(self.now_ns, ev.ts_ns)
             return DiagnoserOutput()
-        out = self.flush()
+        asm = self.assembler
+        grace = max(asm.grace_ns, int(asm.grace_steps * asm.step_ns))
+        self.end_at_ns = max(ev.ts_ns, self.now_ns) + grace
+        return DiagnoserOutput()
+
+    def _end(self) -> DiagnoserOutput:
+        """The job's end, once its grace is over: what is pending is assembled, then every
+        open incident is resolved at its last step."""
+        self.end_at_ns, self.ended = None, True
+        out = self._assemble_rest()
         for inc in list(self.book.open.values()):
             out.incidents.append(self._resolve(inc, inc.last_step))
         return out
@@ -148,7 +168,9 @@ class JobDiagnoser(Stateful):
         out = DiagnoserOutput()
         for frame in self.assembler.advance(self.now_ns):
             out.extend(self.on_frame(frame))
-        return out.extend(self._check_hang())
+        if self.end_at_ns is not None:
+            return out.extend(self._end()) if self.now_ns >= self.end_at_ns else out
+        return out if self.ended else out.extend(self._check_hang())
 
     def _hang_timeout(self) -> float:
         """Seconds without progress that make a hang: in the job's own step times."""
@@ -191,6 +213,11 @@ class JobDiagnoser(Stateful):
         """End of input (the job ended, went idle, or the recording ran out): assemble what
         is pending, and name a rank that vanished whatever grace is left (the peers that
         fail after a killed rank 0 end the stream with no `end` event)."""
+        if self.end_at_ns is not None:
+            return self._end()  # the job said it ended: nothing more is coming
+        return self._assemble_rest()
+
+    def _assemble_rest(self) -> DiagnoserOutput:
         out = DiagnoserOutput()
         for frame in self.assembler.flush():
             out.extend(self.on_frame(frame))

@@ -99,6 +99,10 @@ class JobV1(msgspec.Struct, omit_defaults=True):
     world_size: NonNeg | None = None
     layout: Layout | None = None
     nodes: list[NodeInfo] | None = None
+    # Additive in v1: the cluster's node → switch map as an agent found it (a topology file
+    # or labels). It may name nodes outside the job, so unlike `nodes` it says nothing about
+    # which nodes the job has; it only lets a switch be named.
+    topology: list[NodeInfo] | None = None
 
 
 class Suspect(msgspec.Struct):

@@ -100,7 +100,6 @@ class _JobState:
     stream_ns: int = 0  # latest stream time seen in the job's messages
     arrival_ns: int = 0  # worker clock when its last message was processed
     ticked_ns: int = 0  # latest stream time passed to tick()
-    ended: bool = False  # its last job event was `end`: no time passes for it any more
 
 
 class Decoded(NamedTuple):
@@ -192,8 +191,6 @@ class JobRouter:
         now = self._now_ns()
         try:
             out = feed(state.diagnoser, msg)
-            if not isinstance(msg, HeartbeatV1):  # a late heartbeat does not reopen a job
-                state.ended = isinstance(msg, JobV1) and msg.event == "end"
         except Exception as exc:  # a detector bug must not kill the worker nor lose the input
             log.exception("diagnoser of job %s failed on %s[%d]@%d", job, d.topic, d.partition,
                           d.offset)
@@ -236,7 +233,9 @@ class JobRouter:
                 idle = now - state.arrival_ns
                 stream_now = state.stream_ns + max(0, idle)
                 try:
-                    if stream_now > state.ticked_ns and not state.ended:
+                    # an ended job still ticks: its end is final after a grace, and its
+                    # diagnoser knows that a job that ended is silent, not hung
+                    if stream_now > state.ticked_ns:
                         state.ticked_ns = stream_now
                         out.extend(state.diagnoser.tick(stream_now))
                     if idle > self._idle_ns:

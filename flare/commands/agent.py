@@ -42,6 +42,21 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(
             False, "--dry-run", help="print messages to stdout instead of publishing to Kafka",
         ),
+        topology_map: str = typer.Option(
+            "", "--topology-map", envvar="FLARE_TOPOLOGY", show_envvar=True,
+            help="the node → leaf switch map inline, node=switch pairs separated by commas "
+                 "(wins over --topology)",
+        ),
+        topology: Path = typer.Option(
+            None, "--topology", envvar="FLARE_TOPOLOGY_FILE", show_envvar=True,
+            dir_okay=False, help="node → leaf switch map: JSON or a Slurm topology.conf "
+                                 "[default: /etc/slurm/topology.conf when it exists]",
+        ),
+        metrics_port: int = typer.Option(
+            0, "--metrics-port", envvar="FLARE_AGENT_METRICS_PORT", show_envvar=True,
+            min=0, max=65535, help="serve the node's per-rank Prometheus metrics on this port "
+                                   "(GET /metrics; 0: off)",
+        ),
         record: Path = typer.Option(
             None, "--record", dir_okay=False,
             help="also append every message published to Kafka to this recording (.jsonl): "
@@ -56,6 +71,7 @@ def register(app: typer.Typer) -> None:
         from flare.settings import Settings
         from producers.agent.cadence import Cadence
         from producers.agent.server import run_agent
+        from producers.agent.topology import TopologyError, load_topology
         from producers.publisher import KafkaPublisher, Publisher, TeePublisher
         from producers.recording import RecordingPublisher
         from producers.torch_hook.wire import default_socket_path
@@ -65,6 +81,11 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         settings = Settings()
+        try:
+            switch_of_node = load_topology(topology_map, topology)
+        except TopologyError as exc:
+            typer.echo(f"error: topology: {exc}", err=True)
+            raise typer.Exit(2) from None
         path = socket_path or default_socket_path()
         if dry_run and record is not None:
             typer.echo("error: --dry-run prints what it would publish; --record needs Kafka",
@@ -92,7 +113,18 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"flare agent listening on {path}", err=True)
             await run_agent(publisher, path, node or socket.gethostname(),
                             interval_s=interval_s, keepalive_s=keepalive_s,
-                            long_op_s=long_op_s, stop=stop, max_messages=max_messages)
+                            long_op_s=long_op_s, stop=stop, max_messages=max_messages,
+                            switch_of_node=switch_of_node, metrics_port=metrics_port,
+                            version=_version())
 
         asyncio.run(main())
         sys.stdout.flush()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("flare-diagnosis")
+    except PackageNotFoundError:
+        return "unknown"

@@ -8,7 +8,8 @@ heartbeat to `flare.heartbeats.v1` (`producers.agent.cadence` says when). A rank
 process dies closes its socket and stops being heartbeated (its silence is the evidence); a
 rank stuck in Python or C code keeps its last table, so peers blocked in a collective and a
 rank stuck outside it are both visible. Rank 0's hello and goodbye become the job's `start`
-and `end` events.
+and `end` events; the start event carries the node → switch map the agent was given
+(`producers.agent.topology`), so a congested switch can be named.
 
 Kept apart from the socket server (`producers.agent.server`) so that every rule above is
 tested with a fake clock and plain byte strings, without sockets or threads.
@@ -24,6 +25,7 @@ import msgspec
 import orjson
 
 from producers.agent.cadence import Cadence, RankBeat
+from producers.agent.metrics import NodeMetrics
 from producers.publisher import Message
 from producers.torch_hook.wire import BYE, HELLO, INFLIGHT, STEPS, FrameError
 from schemas import topics
@@ -74,8 +76,11 @@ class AgentCore:
     """Feed frames, collect messages to publish; time comes from `now` (the node's clock)."""
 
     def __init__(self, node: str, now: NanoClock = time.time_ns, *,
-                 cadence: Cadence | None = None) -> None:
+                 cadence: Cadence | None = None,
+                 switch_of_node: dict[str, str] | None = None) -> None:
         self.node = node
+        self.switch_of_node = switch_of_node or {}
+        self.metrics = NodeMetrics(node)
         self.now = now
         self.cadence = cadence or Cadence()
         self.ranks: dict[int, RankState] = {}  # by connection id
@@ -91,6 +96,7 @@ class AgentCore:
             raise FrameError("the first frame of a connection must be a hello")
         if ftype == STEPS:
             self.stats.steps += 1
+            self.metrics.observe_step(payload)
             return [(topics.STEPS, st.hello.job.encode(), payload)]
         if ftype == INFLIGHT:
             try:
@@ -105,6 +111,7 @@ class AgentCore:
             out = []
             if st.hello.rank == 0:
                 out.append(self._job_event(st.hello.job, "end"))
+                self.metrics.forget(st.hello.job)
             self.ranks.pop(conn, None)
             return out
         raise FrameError(f"unknown frame type {ftype}")
@@ -127,6 +134,15 @@ class AgentCore:
             "ts_ns": self.now(), "step": st.step, "inflight": st.inflight, "exited": "vanished",
         }
         return [(topics.HEARTBEATS, st.hello.job.encode(), msgspec.json.encode(msg))]
+
+    def metrics_text(self, dropped: int = 0, version: str = "") -> str:
+        """The node's Prometheus metrics now (`producers.agent.metrics`)."""
+        since: dict[tuple[str, int], list[int]] = {}
+        for st in self.ranks.values():
+            since.setdefault((st.hello.job, st.hello.rank), []).extend(
+                op.start_ns for op in st.inflight)
+        return self.metrics.render(self.now(), lambda j, r: since.get((j, r), ()), dropped,
+                                   version)
 
     def heartbeats(self) -> list[Message]:
         """Sample every connected rank now; the heartbeats the cadence says to publish.
@@ -160,11 +176,15 @@ class AgentCore:
             if len(self._started) > 10_000:
                 self._started.clear()
             self._started.add(hello.job)
-            out.append(self._job_event(hello.job, "start", hello.world_size))
+            out.append(self._job_event(hello.job, "start", hello.world_size,
+                                       self.switch_of_node))
         return out
 
-    def _job_event(self, job: str, event: str, world_size: int = 0) -> Message:
+    def _job_event(self, job: str, event: str, world_size: int = 0,
+                   switch_of_node: dict[str, str] | None = None) -> Message:
         msg: dict[str, Any] = {"v": 1, "job": job, "event": event, "ts_ns": self.now()}
         if world_size:
             msg["world_size"] = world_size
+        if switch_of_node:  # the cluster's map, not the job's node list (wire v1 `topology`)
+            msg["topology"] = [{"node": n, "switch": s} for n, s in switch_of_node.items()]
         return (topics.JOBS, job.encode(), orjson.dumps(msg))

@@ -19,6 +19,7 @@ from flare.evaluation import run_scenario
 from flare.offline import diagnose_messages
 from producers.simulator import ClusterSimulator, Fault, Noise, Scenario, layout_for_gpus
 from schemas.frame import StepFrame
+from schemas.wire import HeartbeatV1, InflightOp, NodeInfo
 
 
 def _scenario(
@@ -55,6 +56,23 @@ def test_each_fault_family_is_localized_with_its_kind(family):
 def test_congested_switch_is_named_not_one_of_its_nodes():
     r = run_scenario(_scenario("switch", 2.0, gpus=256))
     assert r.top1 and r.kind_ok, r.incidents
+
+
+def test_a_cluster_topology_from_an_agent_names_the_switch_without_listing_the_job():
+    """A real agent knows the cluster's map (topology.conf), not the job's nodes: it sends
+    `topology`, which names nodes outside the job too. The switch is still named, and the
+    job's node list stays unknown (no node is taken for a dark one of the job)."""
+    sim = ClusterSimulator(_scenario("switch", 2.0, gpus=256))
+    start = sim.job_start()
+    cluster = [*(start.nodes or []), NodeInfo("login-1", "leaf-99"), NodeInfo("gpu-x", "leaf-0")]
+    diag = JobDiagnoser(start.job)
+    diag.on_job(msgspec.structs.replace(start, nodes=None, topology=cluster))
+    assert diag.topology.nodes == () and diag.topology.switch_of["login-1"] == "leaf-99"
+    found = []
+    for item in sim.run():
+        out = diag.on_frame(item) if isinstance(item, StepFrame) else diag.on_heartbeat(item)
+        found += [(i.kind, i.culprit) for i in out.incidents]
+    assert found and found[0] == ("switch", sim.truth.culprit), found
 
 
 @pytest.mark.parametrize(
@@ -221,11 +239,37 @@ def test_a_rank_killed_mid_job_is_named_even_when_the_job_ends_within_the_grace(
     assert events == []  # within the grace: who else goes with it is not known yet
     if ending == "end event":
         events += diag.on_job(JobV1(v=1, job="j", event="end", ts_ns=t + 10**9)).incidents
+        events += diag.tick(t + 30 * 10**9).incidents  # the end is final after its grace
     else:
         events += diag.flush().incidents
     hangs = [(i.kind, i.culprit, i.status) for i in events if i.kind == "hang"]
     assert hangs[0] == ("hang", "rank:3", "open")
     assert hangs[-1][2] == ("resolved" if ending == "end event" else "open")
+
+
+def test_steps_that_arrive_after_the_end_event_stay_in_their_incident():
+    """Seen in CI: rank 0 said goodbye (the job's end) while the slow rank's last steps were
+    still on their way. Resolving at the end event, then reading those steps, paged the
+    same slow GPU twice. The end is final only one assembly grace later."""
+    from schemas.wire import JobV1
+
+    frames = list(_noisy_four_rank_job(2, 30, 3.0, 0.01))
+    diag = JobDiagnoser("j")
+    events = []
+    for frame in frames[:25]:
+        events += diag.on_frame(frame).incidents
+    end_ts = int(frames[24].t_end_ns.max())
+    events += diag.on_job(JobV1(v=1, job="j", event="end", ts_ns=end_ts)).incidents
+    for frame in frames[25:]:  # late, but within the grace
+        events += diag.on_frame(frame).incidents
+    assert {e.status for e in events} == {"open"}  # nothing resolved yet
+    events += diag.tick(end_ts + 60 * 10**9).incidents
+    gpu = {(e.id, e.status) for e in events if e.kind == "gpu"}
+    assert len({i for i, _ in gpu}) == 1 and ("resolved" in {st for _, st in gpu}), gpu
+    beat = HeartbeatV1(v=1, job="j", rank=0, node="n0", ts_ns=end_ts + 90 * 10**9, step=29,
+                       inflight=[InflightOp("dp.0", "all_reduce", 99, end_ts)])
+    assert diag.on_heartbeat(beat).incidents == []  # an ended job's silence is no hang
+    assert diag.tick(end_ts + 120 * 10**9).incidents == []
 
 
 def _events(sc: Scenario) -> list:

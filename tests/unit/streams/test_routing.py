@@ -156,17 +156,19 @@ def test_tick_moves_each_quiet_job_by_worker_time_since_its_last_message(
     assert made["j1"].tick.call_count == 1
 
 
-def test_an_ended_job_stops_ticking_and_idle_jobs_are_flushed_and_dropped(
+def test_an_ended_job_keeps_ticking_and_idle_jobs_are_flushed_and_dropped(
         made: dict[str, Any]) -> None:
+    """Time still passes for a job that ended: its end is final only after a grace, which
+    its diagnoser counts (and it knows a job that ended is silent, not hung)."""
     now = clock()
     r = JobRouter(lambda job: made.setdefault(job, _fake()), max_message_bytes=10_000,
                   now_ns=now, idle_evict_s=60.0)
     r.handle(STEPS, 0, 0, b"j1", step_msg())
     r.handle(JOBS, 0, 0, b"j1", job_msg(event="end", ts=T0 + 2 * S))
-    r.handle(HEARTBEATS, 0, 1, b"j1", hb_msg(ts=T0 + S))  # late: it does not reopen the job
+    r.handle(HEARTBEATS, 0, 1, b"j1", hb_msg(ts=T0 + S))
     now.advance_ns(10 * S)
     r.tick([0])
-    made["j1"].tick.assert_not_called()
+    made["j1"].tick.assert_called_once_with(T0 + 12 * S)
     now.advance_ns(61 * S)
     r.tick([0])
     made["j1"].flush.assert_called_once()

@@ -31,6 +31,22 @@ def test_agent_command_rejects_a_keepalive_past_the_hang_timeout():
     assert res.exit_code == 2 and "must stay below the 10 s hang timeout" in text
 
 
+def test_a_wrong_topology_is_one_line_and_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from flare.cli import app
+
+    bad = tmp_path / "topo.json"
+    bad.write_text('{"gpu01": 7}')
+    res = CliRunner().invoke(app, ["agent", "--dry-run", "--topology", str(bad)])
+    assert res.exit_code == 2
+    assert res.output.strip() == ('error: topology: JSON topology must be {"node": "switch"} '
+                                  'or [{"node", "switch"}]')
+    res = CliRunner().invoke(app, ["agent", "--dry-run", "--topology-map", "gpu01"],
+                             env={"FLARE_TOPOLOGY": ""})
+    assert res.exit_code == 2 and "'gpu01' is not node=switch" in res.output
+
+
 def test_flare_agent_command_dry_run(sock_path, eventually):
     """`flare agent --dry-run` serves the socket and prints recorded-stream lines."""
     code = ("import typer; from flare.commands import agent; app = typer.Typer(); "

@@ -50,6 +50,16 @@ def test_hello_of_rank_zero_starts_the_job_once():
     assert core.on_frame(3, HELLO, hello(0)) == []  # a reconnect does not restart the job
 
 
+def test_the_start_event_carries_the_cluster_topology_it_was_given():
+    core = AgentCore("n1", FakeClock(), switch_of_node={"n1": "leaf-0", "n9": "leaf-3"})
+    job = decode_job(core.on_frame(1, HELLO, hello(0))[0][2])
+    assert job.nodes is None  # the cluster's map says nothing of the job's own nodes
+    assert [(n.node, n.switch) for n in job.topology or []] == [("n1", "leaf-0"),
+                                                                 ("n9", "leaf-3")]
+    plain = decode_job(AgentCore("n1", FakeClock()).on_frame(1, HELLO, hello(0))[0][2])
+    assert plain.topology is None
+
+
 def test_steps_are_forwarded_untouched_keyed_by_job():
     core = AgentCore("n1", FakeClock())
     core.on_frame(1, HELLO, hello(0))
