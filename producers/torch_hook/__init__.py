@@ -5,8 +5,9 @@
 
 This package's surface is the hook's user API (`producers.torch_hook.hook`), so a training
 script names one thing; the parts live in their own modules: the op log (`buffer`), the
-wrappers (`patch`), group naming (`groups`), the socket to the node agent (`client`, `wire`)
-and the no-code-change launcher (`launch`). Importing it does not import torch.
+wrappers (`patch`), the named host stalls (`stalls`), group naming (`groups`), the socket to
+the node agent (`client`, `wire`) and the no-code-change launcher (`launch`). Importing it
+does not import torch.
 """
 
 from producers.torch_hook.hook import (
@@ -16,9 +17,10 @@ from producers.torch_hook.hook import (
     install,
     install_from_env,
     phase,
+    stall,
     step,
     uninstall,
 )
 
 __all__ = ["FlareHook", "HookSettings", "active", "install", "install_from_env", "phase",
-           "step", "uninstall"]
+           "stall", "step", "uninstall"]

@@ -5,14 +5,15 @@ notes it as pending; everything costly (columns, offsets, JSON) happens once per
 training thread, in `steps_message` (through the one v1 builder, `schemas.steps_message`). A row is
 ``[kind, name, group, seq, start_ns, end_ns, bytes, blocks]`` with ``end_ns == -1`` while the op
 is in flight, so the in-flight table that makes heartbeats is just the pending rows. `blocks`
-says the training thread sat in the op until it ended (a synchronous collective or send/recv):
-a compute phase timed around such a call did not compute meanwhile, so the message carries the
-phase without it (`exclusive_compute`).
+says the training thread sat in the op until it ended (a synchronous collective or send/recv,
+or a named host stall, `stalls`): a compute phase timed around such a call did not compute
+meanwhile, so the message carries the phase without it (`exclusive_compute`).
 """
 
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from schemas.rankstep import HOST_STALL_PREFIX
 from schemas.steps_message import steps_message as build_steps_message
 
 KIND, NAME, GROUP, SEQ, START, END, NBYTES, BLOCKS = range(8)
@@ -151,31 +153,42 @@ def exclusive_compute(rows: list[Row]) -> list[Row]:
     group includes the wait for its slowest member, and one slow rank reads as a slow node.
     The thread computed only outside its blocking calls, so the phase becomes the pieces
     between them (same name; the step's compute total is then what was computed). Async ops
-    run beside the thread and cut nothing.
+    run beside the thread and cut nothing. A named host stall (`host:<what>`, also blocking)
+    cuts the phases around it, and is itself never cut: it is a wait, not a phase.
 
     >>> fwd = ["compute", "fwd", "", -1, 0, 100, 0, False]
     >>> ar = ["coll", "all_reduce", "tp.0", 3, 40, 90, 64, True]
     >>> [(r[1], r[4], r[5]) for r in exclusive_compute([fwd, ar])]
     [('fwd', 0, 40), ('all_reduce', 40, 90), ('fwd', 90, 100)]
     """
-    waits = [(r[START], r[END]) for r in rows if r[BLOCKS] and r[END] >= 0]
+    waits = sorted((r[START], r[END]) for r in rows if r[BLOCKS] and r[END] >= 0)
     if not waits:
         return rows
-    waits.sort()
+    # The waits as disjoint spans in time order (a GC inside a checkpoint save is one span):
+    # each phase then finds the first span it meets by bisection instead of scanning them all.
+    # An end before its start (the wall clock stepped back) is read as an instant.
+    starts: list[int] = []
+    ends: list[int] = []
+    for s, e in waits:
+        if ends and s <= ends[-1]:
+            ends[-1] = max(ends[-1], e)
+        else:
+            starts.append(s)
+            ends.append(max(s, e))
     out: list[Row] = []
     for r in rows:
-        if r[KIND] != COMPUTE or r[END] < 0:
+        if r[KIND] != COMPUTE or r[END] < 0 or r[NAME].startswith(HOST_STALL_PREFIX):
             out.append(r)
             continue
-        at = r[START]
-        for s, e in waits:
-            if e <= at or s >= r[END]:
-                continue
-            if s > at:
-                out.append([*r[:START], at, s, *r[END + 1:]])
-            at = max(at, e)
-        if at < r[END]:
-            out.append([*r[:START], at, r[END], *r[END + 1:]])
+        at, stop = r[START], r[END]
+        i = bisect_right(ends, at)
+        while i < len(starts) and starts[i] < stop:
+            if starts[i] > at:
+                out.append([*r[:START], at, starts[i], *r[END + 1:]])
+            at = max(at, ends[i])
+            i += 1
+        if at < stop:
+            out.append([*r[:START], at, stop, *r[END + 1:]])
     out.sort(key=lambda r: r[START])
     return out
 

@@ -7,8 +7,9 @@
     ...                                         # steps end at optimizer.step() (or hook.step())
 
 What it records (DESIGN §3): every collective and p2p call (kind, name, group, per-group seq,
-start, duration until completion, input bytes), compute phases (module hooks, `phase()`), and
-step boundaries (the optimizer's step, or explicit `step()` calls, which then take over). Ops
+start, duration until completion, input bytes), compute phases (module hooks, `phase()`),
+named host stalls (GC, DataLoader waits, checkpoint saves, `stall()`; `stalls`), and step
+boundaries (the optimizer's step, or explicit `step()` calls, which then take over). Ops
 go to a per-rank op log; at step end the step is handed to a background sender that ships one
 wire-v1 message to the node daemon (`flare agent`) over a Unix socket, and about every second
 the rank's in-flight table. Nothing here blocks or raises into training: when the daemon is
@@ -24,6 +25,7 @@ import atexit
 import contextlib
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -35,6 +37,7 @@ from producers.torch_hook.buffer import COMPUTE, OpLog, RankMeta, Row
 from producers.torch_hook.client import AgentClient
 from producers.torch_hook.groups import GroupRegistry
 from producers.torch_hook.patch import HookStats, Patcher
+from producers.torch_hook.stalls import StallPatches
 from producers.torch_hook.wire import default_socket_path
 
 _active: FlareHook | None = None
@@ -113,6 +116,7 @@ class FlareHook:
         self.groups = GroupRegistry(dist)
         self.stats = HookStats()
         self.patcher = Patcher(dist, self.log, self.groups, self.stats)
+        self.stalls = StallPatches(self.log, self.stats)
         self.client = AgentClient(socket_path, self.meta, self.log.inflight,
                                   interval_s=interval_s, clock=clock)
         self._coords: dict[str, int] = {}
@@ -125,6 +129,7 @@ class FlareHook:
         import torch.optim.optimizer as optim
 
         self.patcher.install()
+        self.stalls.install()
         self._handles.append(optim.register_optimizer_step_pre_hook(self._opt_pre))
         self._handles.append(optim.register_optimizer_step_post_hook(self._opt_post))
         self.client.start()
@@ -136,6 +141,7 @@ class FlareHook:
         if _active is self:
             _active = None
         self.patcher.uninstall()
+        self.stalls.uninstall()
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -167,6 +173,11 @@ class FlareHook:
             yield
         finally:
             self.log.end(row)
+
+    def stall(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Time a host-side wait by name (`with hook.stall("eval"): ...` → `host:eval`):
+        the rank does not compute meanwhile, and an incident can say where its time went."""
+        return self.stalls.stall(name)
 
     def tag_group(self, pg: Any, kind: str, index: int | str | None = None) -> str:
         """Name a process group `<kind>.<index>` (kind: tp, dp, pp, ep, cp); returns the name."""
@@ -236,6 +247,8 @@ class FlareHook:
 
     # -- internals -------------------------------------------------------------------------
     def _cut(self) -> None:
+        # whoever ends steps trains: its data and checkpoint calls are the rank's stalls
+        self.stalls.training_thread = threading.get_ident()
         try:
             self.client.submit(self.log.cut())
         except Exception as exc:
@@ -306,6 +319,11 @@ def phase(name: str) -> contextlib.AbstractContextManager[None]:
     return _active.phase(name) if _active is not None else contextlib.nullcontext()
 
 
+def stall(name: str) -> contextlib.AbstractContextManager[None]:
+    """Time a named host stall on the active hook (a no-op context without one)."""
+    return _active.stall(name) if _active is not None else contextlib.nullcontext()
+
+
 def _close_at_exit(hook: FlareHook) -> None:
     if hook is _active:
         with contextlib.suppress(Exception):
@@ -313,4 +331,4 @@ def _close_at_exit(hook: FlareHook) -> None:
 
 
 __all__ = ["FlareHook", "HookSettings", "active", "install", "install_from_env", "phase",
-           "step", "uninstall"]
+           "stall", "step", "uninstall"]

@@ -117,9 +117,13 @@ class HookStats:
     first_error: str = ""
 
     def error(self, exc: BaseException) -> None:
+        """Count `exc`; never raises (it runs inside callbacks the interpreter calls)."""
         self.hook_errors += 1
         if not self.first_error:
-            self.first_error = f"{type(exc).__name__}: {exc}"
+            try:
+                self.first_error = f"{type(exc).__name__}: {exc}"
+            except Exception:  # an exception whose str() itself fails
+                self.first_error = type(exc).__name__
 
 
 class Patcher:

@@ -39,8 +39,9 @@ WORLD = 4
 
 
 def train(rank: int, world: int, port: int, steps: int, slow_rank: int, slow_s: float,
-          stop_rank: int, stop_step: int) -> None:
-    """One rank of a tiny transformer trained with DDP plus tagged tp/dp subgroups."""
+          stop_rank: int, stop_step: int, stall_rank: int = -1) -> None:
+    """One rank of a tiny transformer trained with DDP plus tagged tp/dp subgroups.
+    `stall_rank` collects garbage inside its forward and marks a 50 ms "eval" each step."""
     import torch
     import torch.distributed as dist
 
@@ -68,6 +69,13 @@ def train(rank: int, world: int, port: int, steps: int, slow_rank: int, slow_s: 
             while time.perf_counter() < end:
                 a = torch.tanh(a @ a)
         model[0].register_forward_pre_hook(slow_forward)
+    if rank == stall_rank:
+        import gc
+
+        def collect(_mod, _inp) -> None:  # returning anything would replace the input
+            gc.collect()
+
+        model[0].register_forward_pre_hook(collect)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     hook.instrument_ddp(ddp)
     hook.instrument_module(ddp)
@@ -76,6 +84,9 @@ def train(rank: int, world: int, port: int, steps: int, slow_rank: int, slow_s: 
     for step in range(steps):
         if rank == stop_rank and step == stop_step:
             time.sleep(3600)  # "stops inside training": the test kills it
+        if rank == stall_rank:
+            with torch_hook.stall("eval"):
+                time.sleep(0.05)
         loss = ddp(x).pow(2).mean()
         loss.backward()
         scale = loss.detach().reshape(1)
@@ -133,7 +144,8 @@ class DaemonThread:
 
 def launch_ranks(sock: Path, steps: int, *, job: str = "gloo-test", node: str = "node-test",
                  interval_s: float = 0.2, slow_rank: int = -1, slow_s: float = 0.0,
-                 stop_rank: int = -1, stop_step: int = -1) -> list[subprocess.Popen]:
+                 stop_rank: int = -1, stop_step: int = -1,
+                 stall_rank: int = -1) -> list[subprocess.Popen]:
     """Start the WORLD ranks of `train` as job `job` on node `node`, hook on."""
     port = _free_port()
     env = dict(os.environ, FLARE_AGENT_SOCKET=str(sock), FLARE_JOB=job, FLARE_NODE=node,
@@ -143,7 +155,7 @@ def launch_ranks(sock: Path, steps: int, *, job: str = "gloo-test", node: str = 
     for rank in range(WORLD):
         code = (f"from tests.integration.test_torch_gloo import train; "
                 f"train({rank}, {WORLD}, {port}, {steps}, {slow_rank}, {slow_s}, "
-                f"{stop_rank}, {stop_step})")
+                f"{stop_rank}, {stop_step}, {stall_rank})")
         procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=REPO,
                                       env=dict(env, LOCAL_RANK=str(rank))))
     return procs
@@ -258,3 +270,18 @@ def test_healthy_run_has_no_compute_outlier(sock):
     by_rank = _steps_by_rank(d.publisher)
     fwd = np.array([np.median(_phase(ms[2:], "fwd")) for _r, ms in sorted(by_rank.items())])
     assert fwd.max() < 3 * np.median(fwd) + 0.02, fwd
+
+
+def test_gc_and_a_marked_phase_arrive_as_named_host_stalls(sock):
+    """Issue #14: a rank's GC pauses and a phase it marks are ops of their own, named, and
+    its forward no longer counts the GC it sat in."""
+    steps = 6
+    with DaemonThread(sock, 0.2) as d:
+        _run_to_end(launch_ranks(sock, steps, stall_rank=1))
+    by_rank = _steps_by_rank(d.publisher)
+    stalled = by_rank[1][1:]  # the first step holds the process group's warm-up
+    assert all("host:gc" in m.name for m in stalled)
+    assert all(m.dur_ns[[n == "host:gc" for n in m.name]].min() > 0 for m in stalled)
+    evals = _phase(stalled, "host:eval")
+    assert np.all(evals >= 0.05) and np.all(evals < 0.5), evals
+    assert all("host:eval" not in m.name for r in (0, 2, 3) for m in by_rank[r])

@@ -7,15 +7,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from producers.torch_hook.buffer import (
+    BLOCKS,
     COLL,
     COMPUTE,
+    END,
+    NAME,
     P2P,
+    START,
     OpLog,
     RankMeta,
+    StepCut,
     encode,
+    exclusive_compute,
     steps_message,
 )
 from schemas.decode import decode_steps
+from schemas.rankstep import KIND_CODE
 from schemas.testing import FakeClock
 
 META = RankMeta("job-a", 3, "node-1", local_rank=1, world_size=4, coords={"tp": 1})
@@ -146,3 +153,56 @@ def test_a_phase_is_sent_without_the_blocking_collectives_called_inside_it():
     assert m.start_ns.tolist() == [0, 4_000, 54_000, 54_000]
     assert m.dur_ns.tolist() == [4_000, 50_000, 6_000, 6_000]
     assert m.seq.tolist() == [0, 3, 1, 8]  # compute ops are numbered within the step
+
+
+def test_host_stalls_cut_the_phase_they_sit_in_and_are_never_cut_themselves():
+    """A GC pause inside a checkpoint save inside a forward: the forward keeps only what it
+    computed, and both stalls arrive whole (a wait is not a phase, and stalls may nest)."""
+    clock = FakeClock(start_ns=1_000_000_000)
+    log = OpLog(clock)
+    fwd = log.begin(COMPUTE, "fwd", "", -1, 0)
+    clock.advance_ns(3_000)
+    ckpt = log.begin(COMPUTE, "host:checkpoint", "", -1, 0, blocks=True)
+    clock.advance_ns(1_000)
+    gc_row = log.begin(COMPUTE, "host:gc", "", -1, 0, blocks=True)
+    clock.advance_ns(2_000)
+    log.end(gc_row)
+    clock.advance_ns(4_000)
+    log.end(ckpt)
+    clock.advance_ns(500)
+    log.end(fwd)
+    rows = log.cut().rows
+    out = exclusive_compute(rows)
+    assert [(r[NAME], r[START] - fwd[START], r[END] - fwd[START]) for r in out] == [
+        ("fwd", 0, 3_000), ("host:checkpoint", 3_000, 10_000), ("host:gc", 4_000, 6_000),
+        ("fwd", 10_000, 10_500)]
+    assert out[1] is ckpt and out[2] is gc_row  # passed through as they are
+    m = decode_steps(encode(steps_message(META, StepCut(0, fwd[START], fwd[END], rows),
+                                          clock())))
+    assert m.name == ["fwd", "host:checkpoint", "host:gc", "fwd"]
+    assert m.dur_ns.tolist() == [3_000, 7_000, 2_000, 500]
+    assert m.group == ["", "", "", ""] and m.bytes.tolist() == [0, 0, 0, 0]
+    assert m.kind.tolist() == [KIND_CODE["compute"]] * 4
+
+
+def _covered(phase: list, waits: list[tuple[int, int]]) -> int:
+    """How many nanoseconds of `phase` some wait covers (counted one by one: small spans)."""
+    return len({t for s, e in waits for t in range(max(s, phase[START]), min(e, phase[END]))})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["fwd", "host:gc", "all_reduce"]),
+                          st.integers(0, 200), st.integers(1, 80), st.booleans()),
+                max_size=16))
+def test_phases_keep_exactly_their_time_outside_every_blocking_op(spans):
+    rows = [[COLL if name == "all_reduce" else COMPUTE, name, "", -1, s, s + d, 0,
+             name == "host:gc" or blocks] for name, s, d, blocks in spans]
+    waits = [(r[START], r[END]) for r in rows if r[BLOCKS]]
+    out = exclusive_compute([list(r) for r in rows])
+    others = sorted(r for r in rows if r[NAME] != "fwd")
+    assert sorted(r for r in out if r[NAME] != "fwd") == others  # never cut, never dropped
+    pieces = [r for r in out if r[NAME] == "fwd"]
+    assert all(p[START] < p[END] for p in pieces)
+    assert all(p[END] <= s or p[START] >= e for p in pieces for s, e in waits)
+    assert sum(p[END] - p[START] for p in pieces) == sum(
+        r[END] - r[START] - _covered(r, waits) for r in rows if r[NAME] == "fwd")
