@@ -202,9 +202,13 @@ class HangDetector(Stateful):
             onset_step=step,
             suspects=[(f"rank:{first.rank}", 1.0)],
             summary=(
-                f"rank {first.rank} ({first.node}) died in step {step}{where}: its "
-                f"process ended without a goodbye (killed, crashed hard or out of memory); "
-                f"the job cannot progress without it"
+                f"rank {first.rank} ({first.node}) died in step {step}{where}: "
+                + (f"{first.exit_reason}"
+                   + (f" at {first.exit_stack[-1]}" if first.exit_stack else "")
+                   if first.exit_reason else
+                   "its process ended without a goodbye (killed, crashed hard or out of "
+                   "memory)")
+                + "; the job cannot progress without it"
                 + (f", {later} more rank(s) vanished after it" if later else "")
             ),
             stuck_s=(now_ns - first.ts_ns) / NS_PER_S,

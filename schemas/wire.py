@@ -75,6 +75,11 @@ class HeartbeatV1(msgspec.Struct):
     # killer); `step` and `inflight` are where it was. A rank that exits through Python
     # (even on an exception) says goodbye and gets no such heartbeat.
     exited: Literal["vanished"] | None = None
+    # Additive in v1: why it ended, when the rank could say (`exception: <type>: <message>`,
+    # `signal: <what faulthandler named>`), and the innermost frames of its stack, outermost
+    # first (`file:line in function`). Absent: killed without a word (SIGKILL, OOM).
+    exit_reason: str | None = None
+    exit_stack: list[str] | None = None
 
 
 class Layout(msgspec.Struct, omit_defaults=True):

@@ -17,8 +17,12 @@ tested with a fake clock and plain byte strings, without sockets or threads.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -33,6 +37,56 @@ from schemas.clock import NanoClock
 from schemas.wire import InflightOp
 
 MAX_INFLIGHT = 256  # ops of one rank's table kept (a runaway table must not grow heartbeats)
+MAX_STACK = 20  # innermost frames of a dying rank's stack passed on
+_FRAME = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def read_fault_file(path: str) -> tuple[str | None, list[str]]:
+    """What faulthandler wrote before the process died: (`signal: <its error line>`, the
+    frames of the thread that crashed as `file:line in function`, outermost first); (None,
+    []) when there is no such file or nothing in it (killed without a word). faulthandler
+    lists the other threads first and marks the crashing one "Current thread".
+
+    >>> import tempfile, os
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+    ...     _ = f.write("Fatal Python error: Segmentation fault\\n\\n"
+    ...                 "Thread 0x2 (most recent call first):\\n"
+    ...                 '  File "/x/threading.py", line 982 in run\\n\\n'
+    ...                 "Current thread 0x1 (most recent call first):\\n"
+    ...                 '  File "/x/train.py", line 42 in step\\n'
+    ...                 '  File "/x/train.py", line 9 in <module>\\n')
+    >>> read_fault_file(f.name)
+    ('signal: Segmentation fault', ['train.py:9 in <module>', 'train.py:42 in step'])
+    >>> os.unlink(f.name)
+    """
+    if not path:
+        return None, []
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read(256 * 1024)
+    except OSError:
+        return None, []
+    lines = text.splitlines()
+    error = next((ln for ln in lines if ln.startswith("Fatal Python error:")), None)
+    if error is None:
+        return None, []
+    heads = [i for i, ln in enumerate(lines) if ln.startswith(("Current thread", "Thread 0x",
+                                                                 "Stack (most recent"))]
+    current = [i for i in heads if lines[i].startswith("Current thread")]
+    start = (current or heads or [lines.index(error)])[0] + 1
+    frames: list[str] = []
+    for ln in lines[start:]:
+        m = _FRAME.match(ln)
+        if m is None:
+            break
+        frames.append(f"{Path(m['file']).name}:{m['line']} in {m['func']}")
+    return f"signal: {error.partition(':')[2].strip()}", frames[::-1]
+
+
+def _forget_file(path: str) -> None:
+    if path:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 class Hello(msgspec.Struct):
@@ -42,6 +96,15 @@ class Hello(msgspec.Struct):
     local_rank: int = 0
     world_size: int = 0
     pid: int = 0
+    fault_file: str = ""  # where the rank's faulthandler writes a fatal signal's stacks
+
+
+class Bye(msgspec.Struct):
+    """A goodbye; with `exit`, the rank is ending on an error it names."""
+
+    exit: str = ""
+    detail: str = ""
+    stack: list[str] = []
 
 
 class Table(msgspec.Struct):
@@ -50,6 +113,7 @@ class Table(msgspec.Struct):
 
 
 _hello = msgspec.json.Decoder(Hello)
+_bye = msgspec.json.Decoder(Bye)
 _table = msgspec.json.Decoder(Table)
 
 
@@ -108,6 +172,14 @@ class AgentCore:
             self.stats.tables += 1
             return []
         if ftype == BYE:
+            try:
+                bye = _bye.decode(payload) if payload.strip() else Bye()
+            except msgspec.DecodeError:
+                bye = Bye()  # an unreadable goodbye is still a goodbye
+            _forget_file(st.hello.fault_file)
+            if bye.exit:  # it is exiting on an error: that is no clean end of the job
+                self.ranks.pop(conn, None)
+                return [self._exit_beat(st, f"{bye.exit}: {bye.detail}", bye.stack)]
             out = []
             if st.hello.rank == 0:
                 out.append(self._job_event(st.hello.job, "end"))
@@ -128,12 +200,21 @@ class AgentCore:
         st = self.ranks.pop(conn, None)
         if st is None or broken:
             return []
+        reason, stack = read_fault_file(st.hello.fault_file)
+        _forget_file(st.hello.fault_file)
+        return [self._exit_beat(st, reason, stack)]
+
+    def _exit_beat(self, st: RankState, reason: str | None, stack: list[str]) -> Message:
+        """The last heartbeat of a rank whose process ended without a clean goodbye."""
         self.stats.vanished += 1
-        msg = {
+        msg: dict[str, Any] = {
             "v": 1, "job": st.hello.job, "rank": st.hello.rank, "node": st.node,
             "ts_ns": self.now(), "step": st.step, "inflight": st.inflight, "exited": "vanished",
         }
-        return [(topics.HEARTBEATS, st.hello.job.encode(), msgspec.json.encode(msg))]
+        if reason:
+            msg["exit_reason"] = reason[:600]
+            msg["exit_stack"] = [line[:300] for line in stack[-MAX_STACK:]]
+        return (topics.HEARTBEATS, st.hello.job.encode(), msgspec.json.encode(msg))
 
     def metrics_text(self, dropped: int = 0, version: str = "") -> str:
         """The node's Prometheus metrics now (`producers.agent.metrics`)."""

@@ -69,6 +69,10 @@ class AgentClient:
         self._sock: socket.socket | None = None
         self._next_connect = 0.0
         self._thread: threading.Thread | None = None
+        # Why the process is ending, sent with the goodbye (`exits.ExitReporter`), and the
+        # file faulthandler writes a fatal signal's stacks to, named in the hello.
+        self.farewell: Callable[[], dict[str, Any] | None] = lambda: None
+        self.fault_file = ""
 
     # -- training thread -------------------------------------------------------------------
     def submit(self, cut: StepCut) -> bool:
@@ -105,7 +109,11 @@ class AgentClient:
                 last_table = now
                 self._send_table()
             if stopping:
-                self._send(BYE, b"{}")
+                try:
+                    bye = orjson.dumps(self.farewell() or {})
+                except Exception:
+                    bye = b"{}"
+                self._send(BYE, bye)
                 self._disconnect()
                 return
             self._wake.wait(max(0.0, self.interval_s - (time.monotonic() - last_table)))
@@ -143,10 +151,13 @@ class AgentClient:
         meta = self._meta()
         if meta is None:
             return None
-        return orjson.dumps({
+        hello: dict[str, Any] = {
             "job": meta.job, "rank": meta.rank, "local_rank": meta.local_rank,
             "node": meta.node, "world_size": meta.world_size, "pid": os.getpid(),
-        })
+        }
+        if self.fault_file:
+            hello["fault_file"] = self.fault_file
+        return orjson.dumps(hello)
 
     def _connect(self) -> socket.socket | None:
         if self._sock is not None:

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from producers.torch_hook.buffer import COMPUTE, OpLog, RankMeta, Row
 from producers.torch_hook.client import AgentClient
+from producers.torch_hook.exits import ExitReporter
 from producers.torch_hook.groups import GroupRegistry
 from producers.torch_hook.patch import HookStats, Patcher
 from producers.torch_hook.stalls import StallPatches
@@ -119,6 +120,8 @@ class FlareHook:
         self.stalls = StallPatches(self.log, self.stats)
         self.client = AgentClient(socket_path, self.meta, self.log.inflight,
                                   interval_s=interval_s, clock=clock)
+        self.exits = ExitReporter(socket_path)
+        self.client.farewell = lambda: self.exits.report
         self._coords: dict[str, int] = {}
         self._handles: list[Any] = []
         self._meta: RankMeta | None = None
@@ -130,6 +133,8 @@ class FlareHook:
 
         self.patcher.install()
         self.stalls.install()
+        self.exits.install()
+        self.client.fault_file = self.exits.fault_file
         self._handles.append(optim.register_optimizer_step_pre_hook(self._opt_pre))
         self._handles.append(optim.register_optimizer_step_post_hook(self._opt_post))
         self.client.start()
@@ -142,6 +147,7 @@ class FlareHook:
             _active = None
         self.patcher.uninstall()
         self.stalls.uninstall()
+        self.exits.uninstall()
         for h in self._handles:
             h.remove()
         self._handles.clear()

@@ -5,12 +5,14 @@ JSON payload. Framing is ours (not Kafka's) because the hook must stay dependenc
 cheap, and because a stream socket tells the daemon at once when a rank's process dies.
 
 Frame types:
-- HELLO ``{"job","rank","local_rank","node","world_size","pid"}``: first frame of every
-  connection; the daemon keys the rank's state on (job, rank).
+- HELLO ``{"job","rank","local_rank","node","world_size","pid"[,"fault_file"]}``: first
+  frame of every connection; the daemon keys the rank's state on (job, rank). `fault_file`
+  is where a fatal signal's stacks are written (`exits`).
 - STEPS: one complete wire-v1 `flare.steps.v1` message, forwarded to Kafka as is.
 - INFLIGHT ``{"step","inflight":[{"group","name","seq","start_ns"}]}``: the rank's table of ops
   in flight, sent about every second; the daemon turns it into heartbeats.
-- BYE: the rank ends cleanly (the job's end, when it is rank 0).
+- BYE ``{}`` or ``{"exit","detail","stack"}``: the rank ends; cleanly (the job's end, when
+  it is rank 0) unless it says why it is exiting (an unhandled exception).
 """
 
 from __future__ import annotations

@@ -285,3 +285,53 @@ def test_gc_and_a_marked_phase_arrive_as_named_host_stalls(sock):
     evals = _phase(stalled, "host:eval")
     assert np.all(evals >= 0.05) and np.all(evals < 0.5), evals
     assert all("host:eval" not in m.name for r in (0, 2, 3) for m in by_rank[r])
+
+
+CRASHING_RANK = """
+import os, signal, sys
+import torch
+import torch.distributed as dist
+from producers import torch_hook
+
+hook = torch_hook.install()
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+for _ in range(3):
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    hook.step()
+import time
+time.sleep(1.0)  # a rank that crashes has run a while: its steps reached the daemon
+
+def forward():
+    {crash}
+
+forward()
+"""
+
+
+@pytest.mark.parametrize(("crash", "reason"), [
+    ("1 / 0", "exception: ZeroDivisionError: division by zero"),
+    ("os.kill(os.getpid(), signal.SIGSEGV)", "signal: Segmentation fault"),
+])
+def test_a_rank_that_dies_says_why_and_where(sock, crash: str, reason: str) -> None:
+    """Issue #14: an unhandled exception reaches the daemon with the goodbye, a fatal
+    signal through the faulthandler file the hello named; both in the last heartbeat."""
+    env = dict(os.environ, FLARE_AGENT_SOCKET=str(sock), FLARE_JOB="gloo-test",
+               FLARE_NODE="node-test", FLARE_AGENT_INTERVAL_S="0.2", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = CRASHING_RANK.format(port=_free_port(), crash=crash)
+    with DaemonThread(sock, 0.2) as d:
+        p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, timeout=120,
+                           capture_output=True, text=True)
+        assert p.returncode != 0
+        deadline = time.monotonic() + 10
+        while not d.daemon.core.stats.vanished and time.monotonic() < deadline:
+            time.sleep(0.05)
+    last = [decode_heartbeat(v) for t, _k, v in d.publisher.messages if t == HEARTBEATS]
+    exits = [hb for hb in last if hb.exited]
+    assert len(exits) == 1, p.stderr[-2000:]
+    assert exits[0].exit_reason == reason
+    assert exits[0].exit_stack and exits[0].exit_stack[-1].endswith(" in forward"), exits[0]
+    assert not [v for t, _k, v in d.publisher.messages if t == JOBS
+                and decode_job(v).event == "end"]  # a crash is no clean end of the job
+    assert not list(sock.parent.glob("flare-fault-*"))  # the daemon cleaned up

@@ -350,6 +350,22 @@ def test_the_first_rank_to_vanish_is_named_not_the_peers_that_fail_after_it():
     assert "1 more rank(s) vanished after it" in f.summary
 
 
+def test_a_rank_that_says_why_it_died_is_named_with_its_reason_and_where():
+    import msgspec
+
+    d = HangDetector(timeout_s=10.0)
+    for r in range(4):
+        d.observe(hb(r, 1.0))
+    died = msgspec.structs.replace(
+        _vanished(2, 2.0), exit_reason="exception: ZeroDivisionError: division by zero",
+        exit_stack=["train.py:9 in <module>", "model.py:42 in forward"])
+    d.observe(died)
+    f = d.check(5 * S)
+    assert f is not None and f.culprit == "rank:2"
+    assert ("died in step 7: exception: ZeroDivisionError: division by zero at model.py:42 "
+            "in forward; the job cannot progress without it") in f.summary, f.summary
+
+
 def test_a_job_torn_down_at_once_blames_nobody_and_a_restarted_rank_is_back():
     d = HangDetector(timeout_s=10.0)
     for r in range(4):

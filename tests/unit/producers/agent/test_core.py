@@ -107,6 +107,37 @@ def test_a_rank_that_vanishes_without_goodbye_gets_a_last_heartbeat_saying_so():
     assert core.stats.vanished == 1
 
 
+def test_a_rank_exiting_on_an_exception_says_why_and_ends_no_job():
+    core = AgentCore("n1", FakeClock())
+    core.on_frame(1, HELLO, hello(0))
+    core.on_frame(1, INFLIGHT, table(4, ("dp.0", 7, 5)))
+    bye = orjson.dumps({"exit": "exception", "detail": "ZeroDivisionError: division by zero",
+                        "stack": ["train.py:9 in <module>", "train.py:42 in step"]})
+    out = core.on_frame(1, BYE, bye)
+    assert [t for t, _k, _v in out] == [topics.HEARTBEATS]  # rank 0, yet no job end
+    hb = decode_heartbeat(out[0][2])
+    assert (hb.exited, hb.exit_reason, hb.step) == (
+        "vanished", "exception: ZeroDivisionError: division by zero", 4)
+    assert hb.exit_stack == ["train.py:9 in <module>", "train.py:42 in step"]
+    assert core.on_disconnect(1) == []  # said already
+
+
+def test_a_rank_killed_by_a_signal_is_read_from_its_fault_file(tmp_path):
+    fault = tmp_path / "flare-fault-77.txt"
+    fault.write_text("Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call "
+                     'first):\n  File "/w/model.py", line 12 in forward\n')
+    core = AgentCore("n1", FakeClock())
+    core.on_frame(1, HELLO, orjson.dumps({"job": "j1", "rank": 3, "world_size": 4,
+                                          "fault_file": str(fault)}))
+    hb = decode_heartbeat(core.on_disconnect(1)[0][2])
+    assert (hb.exit_reason, hb.exit_stack) == ("signal: Aborted", ["model.py:12 in forward"])
+    assert not fault.exists()  # read once, then gone
+    core.on_frame(2, HELLO, orjson.dumps({"job": "j1", "rank": 2, "world_size": 4,
+                                          "fault_file": str(fault)}))
+    hb = decode_heartbeat(core.on_disconnect(2)[0][2])  # SIGKILL: nothing was written
+    assert hb.exited == "vanished" and hb.exit_reason is None and hb.exit_stack is None
+
+
 def test_each_rank_follows_the_cadence_with_its_full_inflight_list():
     clock = FakeClock()
     core = AgentCore("n1", clock, cadence=Cadence(interval_s=1.0, keepalive_s=5.0, long_op_s=1.0))
