@@ -59,9 +59,6 @@ from schemas.rankstep import RankStep
 from schemas.report import Detection, DiagnoserOutput, StepReport
 from schemas.wire import HeartbeatV1, IncidentV1, JobV1, Suspect
 
-# a network slowdown that would shorten the step by less than this share costs the job
-# nothing it can act on: while another network incident is open, it is that one's spread
-IMMATERIAL = 0.01
 _MEMBERSHIP_EVERY = 10  # relearn group membership every N steps (it rarely changes)
 _NO_DEVICE = " with no device to blame"
 # a suspect that costs this share of the job's step on a significant step has made that step
@@ -279,8 +276,7 @@ class JobDiagnoser(Stateful):
             inc = self.book.get(*key)
             if inc is None:
                 device = (k for k in self.book.open if k[0] != "hang")
-                cover = covering(key, device, self.placement) or self._spread(
-                    tr, frame, feats, ratio, stages)
+                cover = covering(key, device, self.placement) or self._spread(tr)
                 if cover is not None:  # the same fault seen from another entity
                     self._also_suspect(cover, tr)
                     if cover not in touched:
@@ -353,16 +349,12 @@ class JobDiagnoser(Stateful):
                         self.topology.group_size, self.topology.switch_of, self.usual)
         inc.add_evidence(frame.step, cost.slowdown, cost.actual_s, self.world)
 
-    def _spread(self, tr: Track, frame: StepFrame, feats: StepFeatures, ratio: np.ndarray,
-                stages: tuple[np.ndarray, int]) -> tuple[str, str] | None:
+    def _spread(self, tr: Track) -> tuple[str, str] | None:
         """The open network incident `tr` is the spread of (`reconcile.spread_of`)."""
         onsets = {k: i.onset_step for k, i in self.book.open.items() if k[0] in NETWORK_KINDS}
         if tr.kind not in NETWORK_KINDS or not onsets:
             return None
-        cost = job_cost(frame, feats, tr.kind, tr.entity, ratio, stages,
-                        self.topology.group_size, self.topology.switch_of, self.usual)
-        return spread_of((tr.kind, tr.entity), tr.first_hit_step(self.tracker.z_on), onsets,
-                         costs_nothing=cost.slowdown < 1.0 + IMMATERIAL)
+        return spread_of((tr.kind, tr.entity), tr.first_hit_step(self.tracker.z_on), onsets)
 
     def _also_suspect(self, key: tuple[str, str], tr: Track) -> None:
         """Keep an entity that shows the incident's fault among its suspects (it may be
