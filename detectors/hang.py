@@ -180,8 +180,9 @@ class HangDetector(Stateful):
         nothing is waited for; ranks within `grace_s` of the first still went with it).
 
         When one rank dies its peers fail after it, in their collectives or by a launcher
-        killing them; the first to go is the cause. When most of the job vanishes at once
-        it was torn down (cancelled, preempted): nobody is to blame.
+        killing them; the first to go is the cause. When most of the job vanishes at once,
+        silently, it was torn down (cancelled, preempted): nobody is to blame. Peers that
+        exit on an exception (a collective failing on the dead peer) are not a teardown.
         """
         if not self.exits:
             return None
@@ -189,9 +190,12 @@ class HangDetector(Stateful):
         grace_ns = grace_s * NS_PER_S
         if not final and now_ns - first.ts_ns < grace_ns:
             return None
-        together = sum(1 for h in self.exits.values() if h.ts_ns - first.ts_ns <= grace_ns)
+        # a teardown (cancelled, preempted) kills silently; ranks that raise after the first
+        # died are failing because of it, and a first death that says why is a cause
+        together = sum(1 for h in self.exits.values()
+                       if h.exit_reason is None and h.ts_ns - first.ts_ns <= grace_ns)
         known = max(len(self.last), int((self.done >= 0).sum()))
-        if 2 * together > known:
+        if first.exit_reason is None and 2 * together > known:
             return None
         where = " in " + ", ".join(sorted({f"{o.name} of {o.group}" for o in first.inflight}
                                           )[:2]) if first.inflight else ""

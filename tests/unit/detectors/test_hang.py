@@ -366,6 +366,24 @@ def test_a_rank_that_says_why_it_died_is_named_with_its_reason_and_where():
             "in forward; the job cannot progress without it") in f.summary, f.summary
 
 
+def test_peers_that_raise_after_a_killed_rank_are_no_teardown():
+    """Seen in a CI drill: rank 3 was killed; the 7 others then raised in their collectives
+    ("Connection reset by peer") and said so. Counted as a teardown, nobody was blamed."""
+    import msgspec
+
+    d = HangDetector(timeout_s=10.0)
+    for r in range(8):
+        d.observe(hb(r, 1.0))
+    d.observe(_vanished(3, 2.0))
+    for i, r in enumerate((7, 2, 1, 6, 0, 5, 4)):
+        d.observe(msgspec.structs.replace(
+            _vanished(r, 2.01 + 0.3 * i), exit_reason="exception: RuntimeError: Connection "
+            "reset by peer", exit_stack=["distributed_c10d.py:3252 in all_reduce"]))
+    f = d.check(8 * S)
+    assert f is not None and f.culprit == "rank:3", f
+    assert "7 more rank(s) vanished after it" in f.summary
+
+
 def test_a_job_torn_down_at_once_blames_nobody_and_a_restarted_rank_is_back():
     d = HangDetector(timeout_s=10.0)
     for r in range(4):
