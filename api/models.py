@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from api.derive import Num, derived_from
 from schemas.wire import IncidentV1
+from schemas.wire import StackGroup as WireStackGroup
 from schemas.wire import Suspect as WireSuspect
 from storage.reader import RANK_SCORE_FIELDS, STEP_FIELDS
 
@@ -27,6 +28,16 @@ class Suspect(BaseModel):
     entity: str = Field(
         description="rank:<n>, node:<name>, link:<a>~<b>, group:<g>, switch:<s> or job"
     )
+
+
+@derived_from(WireStackGroup)
+class StackGroup(BaseModel):
+    """One distinct Python stack of a hung job's ranks (hang forensics)."""
+
+    ranks: str = Field(description="the ranks whose thread is at this stack, as ranges: 0-3,5")
+    not_ranks: str = Field(description="the job's ranks that are not there, as ranges")
+    note: str = Field(default="", description="for a group without frames: why these ranks "
+                      "sent no stack (a stopped or frozen process, or no answer)")
 
 
 @derived_from(IncidentV1)
@@ -49,6 +60,11 @@ class Incident(BaseModel):
         default=0.0,
         description="GPU-seconds the job lost to the incident in its latest step (0 in "
         "incidents stored before it was recorded)",
+    )
+    stacks: list[StackGroup] | None = Field(
+        default=None,
+        description="a hang: every rank's Python stacks merged, one entry per distinct stack, "
+        "the rarest first (the odd one out leads); null for other incidents",
     )
 
 

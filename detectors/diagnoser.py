@@ -38,7 +38,7 @@ from detectors.budget import StepBudget
 from detectors.candidates import Candidates
 from detectors.compute_suspects import compute_ratio
 from detectors.config import DetectorConfig
-from detectors.evidence import EvidenceTracker, Track
+from detectors.evidence import LONG_WINDOW, EvidenceTracker, Track
 from detectors.explain import summarize
 from detectors.features import StepFeatures, step_features
 from detectors.hang import EXIT_GRACE, HangDetector, HangFinding
@@ -49,6 +49,7 @@ from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
 from detectors.reconcile import NETWORK_KINDS, Placement, covering, spread_of
 from detectors.rows import group_rows, rank_rows
+from detectors.stacks import StackBook, where_phrase
 from detectors.stalls import stall_seconds
 from detectors.suspects import step_suspects
 from detectors.untraced_suspects import WaitHistory, untraced_home
@@ -61,9 +62,7 @@ from schemas.wire import HeartbeatV1, IncidentV1, JobV1, Suspect
 
 _MEMBERSHIP_EVERY = 10  # relearn group membership every N steps (it rarely changes)
 _NO_DEVICE = " with no device to blame"
-# a suspect that costs this share of the job's step on a significant step has made that step
-# slow by itself (noise that reaches significance costs a few percent): see evidence.py
-MATERIAL_SHARE = 0.25
+_WHERE = "; stacks: "  # a hang's summary ends with where its culprit is, once known
 
 
 class JobDiagnoser(Stateful):
@@ -77,6 +76,8 @@ class JobDiagnoser(Stateful):
         self.tracker = EvidenceTracker()
         self.book = IncidentBook(job, resolve_after=s.resolve_after)
         self.hang = HangDetector(timeout_s=s.hang_timeout_s)
+        self.stacks = StackBook()  # the ranks' Python stacks, for a hang's merged view
+        self._stacks_new = False  # stacks arrived since a hang incident last showed them
         self.topology = Topology()
         self.noise = NoiseMemory()
         self.waits = WaitHistory()
@@ -118,6 +119,8 @@ class JobDiagnoser(Stateful):
         the worker calls only for partitions that are caught up).
         """
         self.hang.observe(hb)
+        if self.stacks.observe(hb):
+            self._stacks_new = True
         self.now_ns = max(self.now_ns, hb.ts_ns)
         return self._check_hang() if self.end_at_ns is None and not self.ended else (
             DiagnoserOutput())
@@ -177,8 +180,11 @@ class JobDiagnoser(Stateful):
         out = self._open_hang(self.hang.check(self.now_ns, self._hang_timeout()))
         inc = self._hang_incident()
         if inc is not None and not out.incidents and (
-                self.now_ns - inc.held_ns >= self._hang_timeout() * NS_PER_S):
-            # an open hang costs the whole job more every second: say so once a timeout
+                self.now_ns - inc.held_ns >= self._hang_timeout() * NS_PER_S
+                or self._stacks_new and self.now_ns - inc.held_ns >= NS_PER_S):
+            # an open hang costs the whole job more every second: say so once a timeout,
+            # and show stacks that arrived since (at most once a second: at 10,000 ranks
+            # they arrive together)
             self._hold(inc)
             out.incidents.append(inc.to_v1(self.job))
         return out
@@ -186,6 +192,11 @@ class JobDiagnoser(Stateful):
     def _hold(self, inc: OpenIncident) -> None:
         inc.hold(inc.since_ns, self.now_ns, self._baseline_s(), self.world)
         inc.held_ns = self.now_ns
+        inc.stacks = self.stacks.merged(inc.since_ns, self.world, self.hang.last) or None
+        if inc.stacks:
+            head = inc.summary.partition(_WHERE)[0]
+            inc.summary = head + where_phrase(inc.culprit, inc.stacks).replace("; ", _WHERE, 1)
+        self._stacks_new = False
 
     def _open_hang(self, finding: HangFinding | None) -> DiagnoserOutput:
         out = DiagnoserOutput()
@@ -244,6 +255,8 @@ class JobDiagnoser(Stateful):
             )
         step_time = float(np.median(feats.span_s))
         stall_names, stall_s = stall_seconds(frame)
+        if stall_names:
+            self.hang.learn_stalls(stall_names, stall_s.max(axis=0))
         self.budget.add(
             float(np.median(feats.compute_s)), float(np.median(feats.comm_s - feats.wait_s)),
             float(np.median(feats.wait_s)), float(np.median(feats.gap_s)),
@@ -268,7 +281,7 @@ class JobDiagnoser(Stateful):
         baseline = irr.baseline_s if np.isfinite(irr.baseline_s) else step_time
         confirmed = self.tracker.update(
             frame.step, counted.entity, counted.kind, counted.z, counted.excess_s,
-            counted.detail, keep, material_s=MATERIAL_SHARE * baseline,
+            counted.detail, keep, step_s=baseline,
         )
         touched: set[tuple[str, str]] = set()
         for tr in sorted(confirmed, key=lambda t: t.mean_z(), reverse=True):
@@ -389,7 +402,7 @@ class JobDiagnoser(Stateful):
                         self.topology.group_size, self.topology.switch_of, self.usual)
         summary = summarize(tr.kind, tr.entity, tr.detail, cost.lost_s, cost.slowdown, frame,
                             feats, ratio)
-        return self.book.open_incident(
+        inc = self.book.open_incident(
             tr.kind,
             tr.entity,
             suspects,
@@ -398,6 +411,9 @@ class JobDiagnoser(Stateful):
             ts,
             summary,
         )
+        if tr.intermittent:
+            inc.resolve_after = max(LONG_WINDOW, self.book.resolve_after)
+        return inc
 
     def _shift_explained(self, device: OpenIncident, step: int) -> list[IncidentV1]:
         """A job-wide shift was opened with no device to blame, and now one is: the shift

@@ -18,20 +18,27 @@ A rank significant in three of the last five steps is confirmed on the third:
 [0, 0, 1]
 
 An intermittent fault (a flapping NIC, a link that drops and recovers) is significant in one
-step of several and never three of five. What sets it apart from noise is what it costs: each
-of its steps is slower by a large share of the job's step (`material_s`). Most noise that
-reaches z_on costs little, and four costly significant steps of one entity within
-`LONG_WINDOW` are far beyond what even heavy jitter gives (the tests hold it to 2,000 steps
-of ×1.4-per-σ jitter on four ranks). They confirm it:
+step of several and never three of five. What sets it apart from noise is what it costs over
+`LONG_WINDOW` steps: its significant steps together lose the job at least a whole usual step
+(`step_s`), and they are several (`LONG_MIN_HITS`). Each counts when it costs a quarter of a
+step (`MATERIAL_SHARE`; noise that reaches z_on costs a few percent), or a tenth at twice the
+significance (a NIC at half speed is far beyond any jitter, and costs little per step). Two
+steps that each at least doubled the step also confirm: a NIC that flaps for seconds stalls
+the steps it touches many times over, but touches one in five or ten. One costly step alone
+never does (a GC pause, a slow batch). The tests hold the rule to 2,000 steps of
+×1.4-per-σ jitter on four ranks; the simulator's clean runs hold it to no false incident.
 
 >>> t = EvidenceTracker()
->>> hit = lambda s, ex: t.update(s, ["node:a"], ["link"], [9.0], [ex], ["slow"], material_s=0.5)
->>> [len(hit(s, 2.0)) if s % 4 == 0 else len(t.update(s, [], [], [], [], []))
-...  for s in range(13)]
-[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+>>> hit = lambda s, ex: t.update(s, ["node:a"], ["link"], [9.0], [ex], ["slow"], step_s=1.0)
+>>> quiet = lambda s: t.update(s, [], [], [], [], [], step_s=1.0)
+>>> [s for s in range(20) if (hit(s, 0.3) if s % 4 == 0 else quiet(s))]  # four of 0.3
+[12, 16]
 >>> t = EvidenceTracker()  # as significant, but each costs little: noise, never confirmed
->>> any(hit(s, 0.01) if s % 4 == 0 else t.update(s, [], [], [], [], []) for s in range(40))
+>>> any(hit(s, 0.05) if s % 4 == 0 else quiet(s) for s in range(40))
 False
+>>> t = EvidenceTracker()  # each stalls the job for 3 steps, once in 8: the second confirms
+>>> [s for s in range(20) if (hit(s, 3.0) if s % 8 == 0 else quiet(s))]
+[8, 16]
 """
 
 from __future__ import annotations
@@ -45,7 +52,10 @@ WINDOW = 5  # steps of memory per suspect
 NEED = 3  # significant steps among them that confirm it
 Z_ON = 4.0  # significance that counts (one-sided Gaussian tail ≈ 3e-5)
 LONG_WINDOW = 25  # steps within which an intermittent fault's costly steps are counted
-LONG_NEED = 4  # costly significant steps within LONG_WINDOW that confirm it
+LONG_MIN_HITS = 4  # costly significant steps within LONG_WINDOW, together costing a step,
+MATERIAL_SHARE = 0.25  # each at least this share of a step at z_on ...
+MINOR_SHARE = 0.1  # ... or this share at STRONG × z_on; or two steps that doubled the step
+STRONG = 2.0
 
 
 @dataclass(slots=True)
@@ -60,6 +70,7 @@ class Track:
     detail: str = ""
     quiet: int = 0  # steps since the last significant one (z ≥ z_on)
     absent: int = 0  # steps since the entity was last reported at all
+    intermittent: bool = False  # confirmed by its costly steps, not by NEED of WINDOW
 
     def hits(self, z_on: float) -> int:
         return sum(1 for v in self.z if v >= z_on)
@@ -79,9 +90,10 @@ class EvidenceTracker(Stateful):
         self.need = need
         self.z_on = z_on
         self.tracks: dict[tuple[str, str], Track] = {}
-        # per (entity, kind): steps where it was significant and cost ≥ material_s, kept
-        # LONG_WINDOW steps (a track is dropped after `window` quiet steps; these are not)
-        self.costly: dict[tuple[str, str], deque[int]] = {}
+        # per (entity, kind): (step, share of a step it cost) of its costly significant
+        # steps, kept LONG_WINDOW steps (a track is dropped after `window` quiet steps; these
+        # are not)
+        self.costly: dict[tuple[str, str], deque[tuple[int, float]]] = {}
 
     def update(
         self,
@@ -92,13 +104,12 @@ class EvidenceTracker(Stateful):
         excess_s: list[float],
         detail: list[str],
         keep: set[tuple[str, str]] = frozenset(),  # type: ignore[assignment]
-        material_s: float = float("inf"),
+        step_s: float = float("inf"),
     ) -> list[Track]:
         """Add one step of suspects; return the tracks confirmed at this step.
 
-        `material_s`: the excess (seconds per step) that makes a significant step costly; a
-        suspect with LONG_NEED costly steps within LONG_WINDOW is confirmed however rarely
-        its other steps are significant.
+        `step_s`: the job's usual step time, against which the cost of a significant step is
+        weighed for an intermittent fault (see the module doc); inf: no intermittent path.
         """
         seen: set[tuple[str, str]] = set()
         intermittent: list[Track] = []
@@ -119,14 +130,14 @@ class EvidenceTracker(Stateful):
             tr.detail = de
             if zz >= self.z_on:
                 tr.quiet = 0
-                if ex >= material_s:
-                    costly = self.costly.setdefault(key, deque(maxlen=LONG_NEED))
-                    costly.append(step)
-                    if len(costly) == LONG_NEED and step - costly[0] < LONG_WINDOW:
+                if ex >= (MATERIAL_SHARE if zz < STRONG * self.z_on else MINOR_SHARE) * step_s:
+                    costly = self.costly.setdefault(key, deque(maxlen=LONG_WINDOW))
+                    costly.append((step, ex / step_s))
+                    if _intermittent([c for s, c in costly if step - s < LONG_WINDOW]):
                         intermittent.append(tr)
             else:
                 tr.quiet += 1
-        for key in [k for k, c in self.costly.items() if step - c[-1] >= LONG_WINDOW]:
+        for key in [k for k, c in self.costly.items() if step - c[-1][0] >= LONG_WINDOW]:
             del self.costly[key]
         for key, tr in list(self.tracks.items()):
             if key in seen:
@@ -140,9 +151,20 @@ class EvidenceTracker(Stateful):
         confirmed = [
             tr for tr in self.tracks.values() if tr.quiet == 0 and tr.hits(self.z_on) >= self.need
         ]
+        for tr in intermittent:
+            tr.intermittent = tr not in confirmed
         return confirmed + [tr for tr in intermittent if tr not in confirmed]
 
     def ranked(self) -> list[Track]:
         """Tracks with any recent significance, strongest first."""
         live = [t for t in self.tracks.values() if t.hits(self.z_on) > 0]
         return sorted(live, key=lambda t: t.mean_z(), reverse=True)
+
+
+def _intermittent(costs: list[float]) -> bool:
+    """Do these costly significant steps of one suspect (each a share of a usual step)
+    confirm an intermittent fault? Several that together cost a whole step, or two that
+    each doubled the step."""
+    if len(costs) >= LONG_MIN_HITS and sum(min(c, 1.0) for c in costs) >= 1.0:
+        return True
+    return sum(c >= 1.0 for c in costs) >= 2

@@ -13,6 +13,12 @@ straggler keeps finishing steps and its group peers keep entering new collective
 waits on it are not hangs; it is left to the compute detectors (one gpu incident, not a
 series of hangs).
 
+A rank inside a named host stall (`host:checkpoint`, `host:data`, …: the hook reports them in
+flight) is working, not stopped: its peers wait at the next collective while it saves. It is
+a hang only once the stall outlasts `STALL_ALLOWANCE` times the longest stall of that name
+the job has shown (a checkpoint that took 40 s may take 80 s; one that takes ten minutes is
+stuck), or `FIRST_STALL_TIMEOUTS` hang timeouts while none has finished yet.
+
 An op that a peer has already finished is no wait on that peer. A rank frozen inside a
 `recv` whose `send` its peer completed (or inside an all-reduce the others left) still shows
 the op in its heartbeats, so it looks like one more waiter; read that way the hang is a
@@ -49,9 +55,12 @@ import numpy as np
 
 from detectors.base import Stateful
 from schemas.clock import NS_PER_S
-from schemas.wire import HeartbeatV1
+from schemas.rankstep import HOST_STALL_PREFIX
+from schemas.wire import HeartbeatV1, InflightOp
 
 EXIT_GRACE = 0.2  # share of the hang timeout given to see who else vanished with a rank
+STALL_ALLOWANCE = 2.0  # a named stall in flight is work up to this × its longest so far ...
+FIRST_STALL_TIMEOUTS = 10.0  # ... or this many hang timeouts before one has finished
 
 
 @dataclass(slots=True)
@@ -80,6 +89,7 @@ class HangDetector(Stateful):
         # per rank: its newest finished step and that step's ops (group, seq)
         self.newest_ops: dict[int, tuple[int, Sequence[str], np.ndarray]] = {}
         self.settled_ns = -1  # waits that began before this belong to a hang that ended
+        self.stall_longest_s: dict[str, float] = {}  # per stall name: the longest per step
         self._last_check_ns = 0
 
     def _grow(self, top: int) -> None:
@@ -109,6 +119,21 @@ class HangDetector(Stateful):
         kept = self.newest_ops.get(rank)
         if kept is None or step >= kept[0]:
             self.newest_ops[rank] = (step, groups, seqs)
+
+    def learn_stalls(self, names: Sequence[str], seconds: np.ndarray) -> None:
+        """The step's longest time in each named host stall (`host:<name>` without the
+        prefix, as `detectors.stalls.stall_seconds` gives them): what a stall of that name
+        may take before one in flight is no longer work."""
+        for name, sec in zip(names, seconds.tolist(), strict=True):
+            key = f"{HOST_STALL_PREFIX}{name}"
+            if sec > self.stall_longest_s.get(key, 0.0):
+                self.stall_longest_s[key] = sec
+
+    def _stall_allowance_ns(self, name: str, limit: float) -> float:
+        longest = self.stall_longest_s.get(name)
+        if longest is None:
+            return FIRST_STALL_TIMEOUTS * limit
+        return max(limit, STALL_ALLOWANCE * longest * NS_PER_S)
 
     def settle(self, now_ns: int) -> None:
         """A hang ended (its culprit progressed) at `now_ns`: the waits it caused are over,
@@ -167,7 +192,8 @@ class HangDetector(Stateful):
                 self._grow(hb.rank + 1)
                 self.moved[hb.rank] = max(int(self.moved[hb.rank]), at)
         for op in hb.inflight:
-            self.members.setdefault(op.group, set()).add(hb.rank)
+            if not op.name.startswith(HOST_STALL_PREFIX):  # a stall is no group's op
+                self.members.setdefault(op.group, set()).add(hb.rank)
         if hb.exited is not None:
             self.exits.setdefault(hb.rank, hb)
         elif hb.rank in self.exits and hb.ts_ns > self.exits[hb.rank].ts_ns:
@@ -267,9 +293,16 @@ class HangDetector(Stateful):
         # (no heartbeat for a timeout) may have died inside its op: it can be the root. A
         # table from a step the rank has since finished is stale (the rank stopped before
         # its hook sent a newer one): its ops ended, and where it is now is unknown
+        # a rank in a named host stall works on its host: it waits on nobody
+        in_stall: dict[int, InflightOp] = {}
+        for r, hb in self.last.items():
+            stalls = [op for op in hb.inflight if op.name.startswith(HOST_STALL_PREFIX)]
+            if stalls and now_ns - hb.ts_ns <= limit and not self._finished(r, hb.step):
+                in_stall[r] = min(stalls, key=lambda op: op.start_ns)
         busy = {
             r for r, hb in self.last.items()
             if hb.inflight and now_ns - hb.ts_ns <= limit and not self._finished(r, hb.step)
+            and r not in in_stall
         }
         settling = now_ns - self.settled_ns <= limit
         stopped_in: dict[int, str] = {}  # rank → the op it sits in that a peer finished
@@ -312,9 +345,18 @@ class HangDetector(Stateful):
             where = f" ({last_hb.node})" if last_hb else ""
             c_step = self._current_step(culprit_rank, step)
             silent = last_hb is None or now_ns - last_hb.ts_ns > limit
-            state = ("silent" if silent else
-                     f"alive, inside {stopped_in[culprit_rank]} that its peers finished"
-                     if culprit_rank in stopped_in else "alive, no op in flight")
+            stall = in_stall.get(culprit_rank)
+            if stall is not None:
+                allowed = self._stall_allowance_ns(stall.name, limit)
+                if now_ns - stall.start_ns < allowed:
+                    return None  # it saves a checkpoint (loads data, …): work, not a hang
+                state = (f"alive, inside {stall.name} for "
+                         f"{(now_ns - stall.start_ns) / NS_PER_S:.0f} s, past the "
+                         f"{allowed / NS_PER_S:.0f} s such a stall was given")
+            else:
+                state = ("silent" if silent else
+                         f"alive, inside {stopped_in[culprit_rank]} that its peers finished"
+                         if culprit_rank in stopped_in else "alive, no op in flight")
             groups = sorted({k[0] for k in stuck if culprit_rank in self.members.get(k[0], set())})
             direct = waits_on[culprit_rank]
             return HangFinding(

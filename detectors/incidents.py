@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from detectors.base import Stateful
 from schemas.clock import NS_PER_S
-from schemas.wire import IncidentV1, Suspect
+from schemas.wire import IncidentV1, StackGroup, Suspect
 
 
 def incident_id(job: str, kind: str, culprit: str, opened_step: int) -> str:
@@ -50,6 +50,10 @@ class OpenIncident:
     resolved_step: int | None = None
     since_ns: int = 0  # a hang: stream time of the job's last progress
     held_ns: int = 0  # a hang: stream time its cost was last brought up to date
+    stacks: list[StackGroup] | None = None  # a hang: the ranks' stacks merged
+    # quiet steps that resolve it, when not the book's: an intermittent fault is quiet
+    # between its bursts, and resolving in one of those gaps pages the same fault twice
+    resolve_after: int | None = None
 
     @property
     def slowdown(self) -> float:
@@ -98,6 +102,7 @@ class OpenIncident:
             lost_gpu_seconds_per_step=round(self.lost_gpu_seconds_per_step, 2),
             evidence_steps=self.evidence_steps,
             summary=self.summary,
+            stacks=self.stacks,
         )
 
 
@@ -143,7 +148,7 @@ class IncidentBook(Stateful):
             if key in touched:
                 continue
             inc.quiet += 1
-            if inc.quiet >= self.resolve_after:
+            if inc.quiet >= (inc.resolve_after or self.resolve_after):
                 inc.resolved_step = step
                 done.append(inc)
                 del self.open[key]

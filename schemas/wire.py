@@ -60,6 +60,17 @@ class InflightOp(msgspec.Struct):
     start_ns: int
 
 
+Frame = Annotated[str, msgspec.Meta(max_length=1000)]
+
+
+class ThreadStack(msgspec.Struct):
+    """One thread of a rank as its hook saw it while the rank made no progress."""
+
+    thread: str
+    frames: Annotated[list[Frame], msgspec.Meta(max_length=128)]  # outermost first
+    training: bool = False  # the thread that runs the training loop (it ends the steps)
+
+
 class HeartbeatV1(msgspec.Struct):
     """`flare.heartbeats.v1`: about every second per rank; ops in flight tell a hang."""
 
@@ -80,6 +91,16 @@ class HeartbeatV1(msgspec.Struct):
     # first (`file:line in function`). Absent: killed without a word (SIGKILL, OOM).
     exit_reason: str | None = None
     exit_stack: list[str] | None = None
+    # Additive in v1 (hang forensics): every thread's Python stack (`file:line in function`,
+    # outermost first), taken by the rank's hook at `stacks_ts_ns` because its current step
+    # had lasted well past its usual step time; sent once per capture. And the state the
+    # agent read for the rank's process when it is not running, so a rank that can say
+    # nothing is still explained: "stopped" (SIGSTOP, a debugger), "frozen" (cgroup freezer),
+    # "blocked" (in uninterruptible kernel sleep for over a sample: a freezer the agent
+    # cannot see, stuck I/O, a driver call).
+    stacks: Annotated[list[ThreadStack], msgspec.Meta(max_length=128)] | None = None
+    stacks_ts_ns: int | None = None
+    proc_state: Literal["stopped", "frozen", "blocked"] | None = None
 
 
 class Layout(msgspec.Struct, omit_defaults=True):
@@ -115,6 +136,22 @@ class Suspect(msgspec.Struct):
     confidence: float
 
 
+class StackGroup(msgspec.Struct):
+    """One distinct stack of a hang's merged view: which ranks are there, which are not.
+
+    `ranks` and `not_ranks` are rank ranges ("0-3,5"): at 10,000 ranks the odd one out is
+    the point, and a list would bury it. A group with no frames holds the ranks that sent no
+    stack since the hang began, and `note` says why when it is known.
+    """
+
+    thread: str  # "training" (the thread that ends steps), else the thread's name
+    frames: list[str]  # outermost first, `file:line in function`
+    ranks: str
+    n_ranks: int
+    not_ranks: str
+    note: str = ""
+
+
 class IncidentV1(msgspec.Struct):
     """Incident v1: the Kafka value, the API resource and the ClickHouse row."""
 
@@ -137,6 +174,8 @@ class IncidentV1(msgspec.Struct):
     # the latest step's what-if cost (a hang: one step time of the whole job); 0 in records
     # written before it existed
     lost_gpu_seconds_per_step: float = 0.0
+    # a hang: the ranks' Python stacks merged (additive in v1; None when none were sent)
+    stacks: list[StackGroup] | None = None
 
 
 class DeadLetterV1(msgspec.Struct):

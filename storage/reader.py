@@ -16,6 +16,8 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any, Literal, Protocol
 
+import msgspec
+
 from storage.client import ClickHouse
 from storage.tables import DEAD_LETTERS, INCIDENTS, JOB_STEPS, RANK_STEPS, Column, Table
 
@@ -87,6 +89,8 @@ def incident_from_row(row: Row) -> Row:
     row["suspects"] = [
         {"entity": e, "confidence": c} for e, c in zip(entities, confidences, strict=False)
     ]
+    stacks = row.pop("stacks", "")
+    row["stacks"] = msgspec.json.decode(stacks) if stacks else None
     return {"v": 1, **row}
 
 

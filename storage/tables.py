@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from schemas.frame import StepFrame
@@ -122,6 +123,12 @@ class Table:
             if c.name == name:
                 return c
         raise KeyError(f"{self.name} has no column {name!r}")
+
+
+def stacks_json(inc: IncidentV1) -> str:
+    """A hang's merged stacks as JSON text ('' when it has none): read whole, never queried
+    by part, so one String column rather than nested arrays."""
+    return msgspec.json.encode(inc.stacks).decode() if inc.stacks else ""
 
 
 def incident_version(inc: IncidentV1) -> int:
@@ -262,6 +269,7 @@ INCIDENTS = Table("incidents", "list[IncidentV1]", ("job", "id"), (
     Column("lost_gpu_seconds_per_step", "Float64"),
     Column("evidence_steps", "Int64"),
     Column("summary", "String"),
+    Column("stacks", "String", stacks_json),
     Column("version", "UInt64", incident_version),  # ReplacingMergeTree(version)
     INSERTED_AT,
 ))

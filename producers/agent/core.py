@@ -21,6 +21,7 @@ import contextlib
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,14 +31,16 @@ import orjson
 
 from producers.agent.cadence import Cadence, RankBeat
 from producers.agent.metrics import NodeMetrics
+from producers.agent.topology import TopologyError, expand_hostlist
 from producers.publisher import Message
 from producers.torch_hook.wire import BYE, HELLO, INFLIGHT, STEPS, FrameError
 from schemas import topics
 from schemas.clock import NanoClock
-from schemas.wire import InflightOp
+from schemas.wire import InflightOp, ThreadStack
 
 MAX_INFLIGHT = 256  # ops of one rank's table kept (a runaway table must not grow heartbeats)
 MAX_STACK = 20  # innermost frames of a dying rank's stack passed on
+MAX_THREADS, MAX_FRAMES = 16, 40  # of a rank's thread stacks passed on (hang forensics)
 _FRAME = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
@@ -83,6 +86,74 @@ def read_fault_file(path: str) -> tuple[str | None, list[str]]:
     return f"signal: {error.partition(':')[2].strip()}", frames[::-1]
 
 
+def read_proc_state(pid: int, proc: str = "/proc", cgroups: str = "/sys/fs/cgroup"
+                    ) -> str | None:
+    """Why a rank's process cannot answer, when its node can tell: "stopped" (SIGSTOP, a
+    debugger), "frozen" (a cgroup freezer holds it), "blocked" (in uninterruptible kernel
+    sleep: a freezer whose cgroup this agent cannot read, stuck I/O, a driver call); None
+    when it runs or sleeps normally, or is gone. The freezer is read from the process's own
+    cgroup (v1 `freezer.state`, v2 `cgroup.events`): on some kernels a frozen task's state
+    and wait channel do not say it is frozen, and an agent started by `ip netns exec` sees
+    no cgroup file system at all.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp(); os.makedirs(f"{d}/7"); os.makedirs(f"{d}/9")
+    >>> _ = open(f"{d}/7/stat", "w").write("7 (python (x)) T 1 7 7 0 -1")
+    >>> _ = open(f"{d}/9/stat", "w").write("9 (python) D 1 9 9 0 -1")
+    >>> _ = open(f"{d}/9/cgroup", "w").write("7:freezer:/drill\\n0::/\\n")
+    >>> read_proc_state(7, d, d), read_proc_state(8, d, d), read_proc_state(9, d, d)
+    ('stopped', None, 'blocked')
+    >>> os.makedirs(f"{d}/freezer/drill")
+    >>> _ = open(f"{d}/freezer/drill/freezer.state", "w").write("FROZEN\\n")
+    >>> read_proc_state(9, d, d)
+    'frozen'
+    """
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            stat = f.read(512)
+        close = stat.rindex(b")")
+        state = stat[close + 2:close + 3]
+        if state in (b"T", b"t"):
+            return "stopped"
+        if state not in (b"D", b"S"):
+            return None
+        with open(f"{proc}/{pid}/cgroup") as f:
+            lines = f.read(4096).splitlines()
+    except (OSError, ValueError):
+        return None
+    frozen: tuple[str, ...]
+    for line in lines:
+        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        if "freezer" in controllers.split(","):
+            where, frozen = f"{cgroups}/freezer{path}/freezer.state", ("FROZEN", "FREEZING")
+        elif controllers == "" and path:
+            where, frozen = f"{cgroups}{path.rstrip('/')}/cgroup.events", ("frozen 1",)
+        else:
+            continue
+        try:
+            with open(where) as f:
+                if any(word in f.read(512) for word in frozen):
+                    return "frozen"
+        except OSError:
+            continue
+    return "blocked" if state == b"D" else None
+
+
+def job_nodes(hostlist: str) -> list[str]:
+    """The job's node names from its Slurm host list; [] when it is empty, unreadable or
+    larger than any cluster (`expand_hostlist` refuses those): a wrong list must not make
+    every node of the job look dark.
+
+    >>> job_nodes("gpu-[01-03],login1"), job_nodes("gpu-[x]"), job_nodes("")
+    (['gpu-01', 'gpu-02', 'gpu-03', 'login1'], [], [])
+    """
+    try:
+        names = expand_hostlist(hostlist) if hostlist else []
+    except TopologyError:
+        return []
+    return names
+
+
 def _forget_file(path: str) -> None:
     if path:
         with contextlib.suppress(OSError):
@@ -97,6 +168,7 @@ class Hello(msgspec.Struct):
     world_size: int = 0
     pid: int = 0
     fault_file: str = ""  # where the rank's faulthandler writes a fatal signal's stacks
+    job_nodes: str = ""  # rank 0: the job's nodes, a Slurm host list (SLURM_JOB_NODELIST)
 
 
 class Bye(msgspec.Struct):
@@ -107,9 +179,19 @@ class Bye(msgspec.Struct):
     stack: list[str] = []
 
 
+class RankThread(msgspec.Struct):
+    """A thread's stack as the hook sends it; cut to the wire's bounds here, not refused."""
+
+    thread: str
+    frames: list[str]
+    training: bool = False
+
+
 class Table(msgspec.Struct):
     step: int
     inflight: list[InflightOp] = []
+    stacks: list[RankThread] | None = None  # every thread's stack, now and then (hangs)
+    stacks_ts_ns: int = 0
 
 
 _hello = msgspec.json.Decoder(Hello)
@@ -124,6 +206,10 @@ class RankState:
     step: int = 0
     inflight: list[InflightOp] = field(default_factory=list)
     beat: RankBeat = field(default_factory=RankBeat)
+    stacks: list[ThreadStack] | None = None  # sent with the next heartbeat, then dropped
+    stacks_ts_ns: int = 0
+    proc_state: str | None = None  # as published last: "stopped" | "frozen" | "blocked"
+    seen_state: str | None = None  # as read at the last sample
 
 
 @dataclass(slots=True)
@@ -141,8 +227,10 @@ class AgentCore:
 
     def __init__(self, node: str, now: NanoClock = time.time_ns, *,
                  cadence: Cadence | None = None,
-                 switch_of_node: dict[str, str] | None = None) -> None:
+                 switch_of_node: dict[str, str] | None = None,
+                 proc_state: Callable[[int], str | None] = read_proc_state) -> None:
         self.node = node
+        self.proc_state = proc_state
         self.switch_of_node = switch_of_node or {}
         self.metrics = NodeMetrics(node)
         self.now = now
@@ -169,6 +257,12 @@ class AgentCore:
                 raise FrameError(f"bad in-flight table: {exc}") from None
             st.step = max(table.step, 0)
             st.inflight = table.inflight[:MAX_INFLIGHT]
+            if table.stacks:
+                st.stacks = [
+                    ThreadStack(t.thread[:200], [f[:300] for f in t.frames[-MAX_FRAMES:]],
+                                t.training)
+                    for t in table.stacks[:MAX_THREADS]]
+                st.stacks_ts_ns = table.stacks_ts_ns or self.now()
             self.stats.tables += 1
             return []
         if ftype == BYE:
@@ -233,12 +327,24 @@ class AgentCore:
         now = self.now()
         out = []
         for st in self.ranks.values():
-            if not self.cadence.sample(st.beat, st.inflight, now):
+            due = self.cadence.sample(st.beat, st.inflight, now)
+            seen = self.proc_state(st.hello.pid) if st.hello.pid > 0 else None
+            # a moment in uninterruptible sleep is ordinary (a page fault, a disk write):
+            # "blocked" is said only when two samples in a row find it so
+            state = seen if seen != "blocked" or st.seen_state == "blocked" else st.proc_state
+            st.seen_state = seen
+            if not (due or st.stacks or state != st.proc_state):
                 continue
-            msg = {
+            msg: dict[str, Any] = {
                 "v": 1, "job": st.hello.job, "rank": st.hello.rank, "node": st.node,
                 "ts_ns": now, "step": st.step, "inflight": st.inflight,
             }
+            if st.stacks:  # once: the worker keeps each rank's newest
+                msg["stacks"], msg["stacks_ts_ns"] = st.stacks, st.stacks_ts_ns
+                st.stacks = None
+            if state:
+                msg["proc_state"] = state
+            st.proc_state = state
             out.append((topics.HEARTBEATS, st.hello.job.encode(), msgspec.json.encode(msg)))
         self.stats.samples += len(self.ranks)
         self.stats.heartbeats += len(out)
@@ -258,14 +364,19 @@ class AgentCore:
                 self._started.clear()
             self._started.add(hello.job)
             out.append(self._job_event(hello.job, "start", hello.world_size,
-                                       self.switch_of_node))
+                                       self.switch_of_node, job_nodes(hello.job_nodes)))
         return out
 
     def _job_event(self, job: str, event: str, world_size: int = 0,
-                   switch_of_node: dict[str, str] | None = None) -> Message:
+                   switch_of_node: dict[str, str] | None = None,
+                   nodes: list[str] | None = None) -> Message:
         msg: dict[str, Any] = {"v": 1, "job": job, "event": event, "ts_ns": self.now()}
         if world_size:
             msg["world_size"] = world_size
+        if nodes:  # the job's own nodes: one that never reports is a dark node of the job
+            where = switch_of_node or {}
+            msg["nodes"] = [{"node": n, "switch": where[n]} if n in where else {"node": n}
+                            for n in nodes]
         if switch_of_node:  # the cluster's map, not the job's node list (wire v1 `topology`)
             msg["topology"] = [{"node": n, "switch": s} for n, s in switch_of_node.items()]
         return (topics.JOBS, job.encode(), orjson.dumps(msg))

@@ -100,8 +100,11 @@ class OpLog:
         return out
 
     def inflight(self) -> dict[str, Any]:
-        """The in-flight table: communication ops started and not finished (oldest first)."""
-        rows = [r for r in list(self.pending.values()) if r[KIND] != COMPUTE and r[END] < 0]
+        """The in-flight table: communication ops and named host stalls started and not
+        finished (oldest first). A stall is there so that a rank saving a long checkpoint
+        shows it is working, not stopped, while its peers wait for it."""
+        rows = [r for r in list(self.pending.values())
+                if r[END] < 0 and (r[KIND] != COMPUTE or r[NAME].startswith(HOST_STALL_PREFIX))]
         rows.sort(key=lambda r: r[START])
         return {
             "step": self.step,

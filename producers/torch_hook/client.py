@@ -73,6 +73,7 @@ class AgentClient:
         # file faulthandler writes a fatal signal's stacks to, named in the hello.
         self.farewell: Callable[[], dict[str, Any] | None] = lambda: None
         self.fault_file = ""
+        self.job_nodes = ""  # the job's nodes as a Slurm host list, sent in the hello
 
     # -- training thread -------------------------------------------------------------------
     def submit(self, cut: StepCut) -> bool:
@@ -157,6 +158,8 @@ class AgentClient:
         }
         if self.fault_file:
             hello["fault_file"] = self.fault_file
+        if self.job_nodes and meta.rank == 0:  # rank 0's agent starts the job
+            hello["job_nodes"] = self.job_nodes
         return orjson.dumps(hello)
 
     def _connect(self) -> socket.socket | None:

@@ -38,6 +38,7 @@ from producers.torch_hook.client import AgentClient
 from producers.torch_hook.exits import ExitReporter
 from producers.torch_hook.groups import GroupRegistry
 from producers.torch_hook.patch import HookStats, Patcher
+from producers.torch_hook.stacks import StackWatch, capture_if_due
 from producers.torch_hook.stalls import StallPatches
 from producers.torch_hook.wire import default_socket_path
 
@@ -48,10 +49,12 @@ _active: FlareHook | None = None
 _ENV: dict[str, tuple[str, ...]] = {
     "agent": ("FLARE_AGENT",),
     "job": ("FLARE_JOB", "TORCHELASTIC_RUN_ID"),
-    "node": ("FLARE_NODE",),
+    "node": ("FLARE_NODE", "SLURMD_NODENAME"),
+    "job_nodes": ("FLARE_JOB_NODES", "SLURM_JOB_NODELIST"),
     "agent_socket": ("FLARE_AGENT_SOCKET",),
     "agent_interval_s": ("FLARE_AGENT_INTERVAL_S",),
     "local_rank": ("FLARE_LOCAL_RANK", "LOCAL_RANK"),
+    "stacks_after_s": ("FLARE_STACKS_AFTER_S",),
 }
 
 
@@ -69,10 +72,15 @@ class HookSettings(BaseModel):
 
     agent: bool = Field(False, description="FLARE_AGENT=1 turns the hook on (install_from_env)")
     job: str = Field("", description="job id, equal on every rank (or TORCHELASTIC_RUN_ID)")
-    node: str = Field("", description="node name; default: the host name")
+    node: str = Field("", description="node name (FLARE_NODE, else Slurm's SLURMD_NODENAME); "
+                      "default: the host name")
+    job_nodes: str = Field("", description="the job's nodes as a Slurm host list "
+                           "(FLARE_JOB_NODES, else SLURM_JOB_NODELIST), for the job's start")
     agent_socket: str = Field("", description="Unix socket of the node daemon")
     agent_interval_s: float = Field(1.0, description="period of the in-flight table")
     local_rank: int | None = Field(None, description="FLARE_LOCAL_RANK, else LOCAL_RANK")
+    stacks_after_s: float = Field(5.0, description="a step lasting this long (and 1.5 usual "
+                                  "steps) sends every thread's stack (hang forensics)")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> HookSettings:
@@ -104,6 +112,8 @@ class FlareHook:
         step_on_optimizer: bool = True,
         clock: Callable[[], int] = time.time_ns,
         dist: Any = None,
+        stacks_after_s: float = 5.0,
+        job_nodes: str = "",
     ) -> None:
         if dist is None:
             import torch.distributed as dist
@@ -118,10 +128,12 @@ class FlareHook:
         self.stats = HookStats()
         self.patcher = Patcher(dist, self.log, self.groups, self.stats)
         self.stalls = StallPatches(self.log, self.stats)
-        self.client = AgentClient(socket_path, self.meta, self.log.inflight,
+        self.watch = StackWatch(after_s=stacks_after_s)
+        self.client = AgentClient(socket_path, self.meta, self._table,
                                   interval_s=interval_s, clock=clock)
         self.exits = ExitReporter(socket_path)
         self.client.farewell = lambda: self.exits.report
+        self.client.job_nodes = job_nodes
         self._coords: dict[str, int] = {}
         self._handles: list[Any] = []
         self._meta: RankMeta | None = None
@@ -256,9 +268,21 @@ class FlareHook:
         # whoever ends steps trains: its data and checkpoint calls are the rank's stalls
         self.stalls.training_thread = threading.get_ident()
         try:
-            self.client.submit(self.log.cut())
+            cut = self.log.cut()
+            self.watch.step_done(cut.boundary_ns - cut.t_start_ns)
+            self.client.submit(cut)
         except Exception as exc:
             self.stats.error(exc)
+
+    def _table(self) -> dict[str, Any]:
+        """The in-flight table the sender thread sends about every second, with every
+        thread's stack when the current step has lasted far past the usual (`stacks`)."""
+        table = self.log.inflight()
+        stacks = capture_if_due(self.watch, self.log.step_t0, self.log.clock(),
+                                lambda: self.stalls.training_thread)
+        if stacks is not None:
+            table.update(stacks)
+        return table
 
     def _opt_pre(self, opt: Any, _args: Any, _kwargs: Any) -> None:
         try:
@@ -290,6 +314,8 @@ def install(settings: HookSettings | None = None, **overrides: Any) -> FlareHook
         "socket_path": s.agent_socket or default_socket_path(),
         "interval_s": s.agent_interval_s,
         "local_rank": s.local_rank,
+        "stacks_after_s": s.stacks_after_s,
+        "job_nodes": s.job_nodes,
     }
     kwargs.update(overrides)
     hook = FlareHook(**kwargs).install()

@@ -5,12 +5,15 @@ JSON payload. Framing is ours (not Kafka's) because the hook must stay dependenc
 cheap, and because a stream socket tells the daemon at once when a rank's process dies.
 
 Frame types:
-- HELLO ``{"job","rank","local_rank","node","world_size","pid"[,"fault_file"]}``: first
-  frame of every connection; the daemon keys the rank's state on (job, rank). `fault_file`
-  is where a fatal signal's stacks are written (`exits`).
+- HELLO ``{"job","rank","local_rank","node","world_size","pid"[,"fault_file","job_nodes"]}``:
+  first frame of every connection; the daemon keys the rank's state on (job, rank).
+  `fault_file` is where a fatal signal's stacks are written (`exits`); `job_nodes` (rank 0)
+  is the job's node list as a Slurm host list, which the job's start event carries.
 - STEPS: one complete wire-v1 `flare.steps.v1` message, forwarded to Kafka as is.
-- INFLIGHT ``{"step","inflight":[{"group","name","seq","start_ns"}]}``: the rank's table of ops
-  in flight, sent about every second; the daemon turns it into heartbeats.
+- INFLIGHT ``{"step","inflight":[{"group","name","seq","start_ns"}][,"stacks","stacks_ts_ns"]}``:
+  the rank's table of ops in flight, sent about every second; the daemon turns it into
+  heartbeats. `stacks` (every thread's Python stack, `torch_hook.stacks`) rides along once
+  when the rank's step has lasted far past its usual time.
 - BYE ``{}`` or ``{"exit","detail","stack"}``: the rank ends; cleanly (the job's end, when
   it is rank 0) unless it says why it is exiting (an unhandled exception).
 """

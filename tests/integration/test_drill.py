@@ -52,6 +52,18 @@ def test_a_real_fault_is_named_with_its_culprit_and_kind(tmp_path: Path, fault: 
     assert res.passed
     # every message an agent sent crossed its node's NIC to the broker, the faulty one too
     assert res.sent > 0 and res.received == res.sent
+    if fault == "freeze":  # hang forensics: the frozen rank as its node saw it, the others'
+        stacks = [i.stacks for i in res.incidents if i.id == found.id and i.stacks]
+        assert stacks, "the hang incident carries no stacks"
+        groups = stacks[-1]
+        rank = found.culprit.removeprefix("rank:")
+        # (the agent runs under `ip netns exec`, which hides the cgroup file system: it sees
+        # the frozen rank in uninterruptible sleep)
+        assert any(g.ranks == rank and not g.frames and "cannot answer" in g.note
+                   for g in groups), groups
+        waiting = [g for g in groups if g.thread == "training" and g.frames]
+        assert waiting and all(any(" in backward" in f or "distributed_c10d.py" in f
+                                   for f in g.frames) for g in waiting), waiting
 
 
 def test_a_clean_drill_opens_no_device_incident_and_says_so_as_json(tmp_path: Path) -> None:

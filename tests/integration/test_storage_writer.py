@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from schemas.report import Detection
+from schemas.wire import StackGroup
 from storage.client import ClickHouse, StorageError
 from storage.migrations import statements
 from storage.reader import Queries
@@ -149,8 +150,12 @@ def test_automatic_flush_failure_keeps_rows_and_leaves_the_error_to_flush(
 
 
 def test_an_incident_reads_back_as_the_incident_v1_it_was(clean: ClickHouse) -> None:
+    hang = msgspec.structs.replace(
+        make_incident("j", kind="hang", culprit="rank:3"),
+        stacks=[StackGroup("training", ["t.py:9 in main", "d.py:4 in load"], "3", 1, "0-2"),
+                StackGroup("", [], "1", 1, "0,2-3", "process stopped: it cannot answer")])
     incs = [make_incident("j"), make_incident("j", culprit="rank:2", status="resolved",
-                                              resolved_step=25)]
+                                              resolved_step=25), hang]
     sink = Sink(clean)
     for inc in incs:
         sink.add_incident(inc)

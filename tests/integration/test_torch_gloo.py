@@ -10,6 +10,7 @@ heartbeats showing a collective in flight since the stop; a healthy run has no o
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import shutil
 import socket
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flare.offline import diagnose_messages
 from producers.agent.core import AgentCore
 from producers.agent.outbox import Outbox
 from producers.agent.server import AgentDaemon
@@ -39,9 +41,11 @@ WORLD = 4
 
 
 def train(rank: int, world: int, port: int, steps: int, slow_rank: int, slow_s: float,
-          stop_rank: int, stop_step: int, stall_rank: int = -1) -> None:
+          stop_rank: int, stop_step: int, stall_rank: int = -1, save_s: float = 0.0) -> None:
     """One rank of a tiny transformer trained with DDP plus tagged tp/dp subgroups.
-    `stall_rank` collects garbage inside its forward and marks a 50 ms "eval" each step."""
+    `stall_rank` collects garbage inside its forward and marks a 50 ms "eval" each step.
+    With `save_s`, rank 0 saves a checkpoint at step 5 with `torch.save` onto storage that
+    takes `save_s` seconds to write it."""
     import torch
     import torch.distributed as dist
 
@@ -84,6 +88,8 @@ def train(rank: int, world: int, port: int, steps: int, slow_rank: int, slow_s: 
     for step in range(steps):
         if rank == stop_rank and step == stop_step:
             time.sleep(3600)  # "stops inside training": the test kills it
+        if rank == 0 and step == 5 and save_s > 0:
+            torch.save(model.state_dict(), SlowStorage(save_s))
         if rank == stall_rank:
             with torch_hook.stall("eval"):
                 time.sleep(0.05)
@@ -108,6 +114,20 @@ def train(rank: int, world: int, port: int, steps: int, slow_rank: int, slow_s: 
     dist.barrier()
     torch_hook.uninstall()
     dist.destroy_process_group()
+
+
+class SlowStorage(io.BytesIO):
+    """A file on storage that takes `seconds` to write a checkpoint (a busy NFS server)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def write(self, data) -> int:  # type: ignore[no-untyped-def,override]
+        if self.seconds > 0:
+            time.sleep(self.seconds)
+            self.seconds = 0.0
+        return super().write(data)
 
 
 def _free_port() -> int:
@@ -145,17 +165,19 @@ class DaemonThread:
 def launch_ranks(sock: Path, steps: int, *, job: str = "gloo-test", node: str = "node-test",
                  interval_s: float = 0.2, slow_rank: int = -1, slow_s: float = 0.0,
                  stop_rank: int = -1, stop_step: int = -1,
-                 stall_rank: int = -1) -> list[subprocess.Popen]:
+                 stall_rank: int = -1, stacks_after_s: float = 5.0,
+                 save_s: float = 0.0) -> list[subprocess.Popen]:
     """Start the WORLD ranks of `train` as job `job` on node `node`, hook on."""
     port = _free_port()
     env = dict(os.environ, FLARE_AGENT_SOCKET=str(sock), FLARE_JOB=job, FLARE_NODE=node,
                FLARE_AGENT_INTERVAL_S=str(interval_s), OMP_NUM_THREADS="1",
+               FLARE_STACKS_AFTER_S=str(stacks_after_s),
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     procs = []
     for rank in range(WORLD):
         code = (f"from tests.integration.test_torch_gloo import train; "
                 f"train({rank}, {WORLD}, {port}, {steps}, {slow_rank}, {slow_s}, "
-                f"{stop_rank}, {stop_step}, {stall_rank})")
+                f"{stop_rank}, {stop_step}, {stall_rank}, {save_s})")
         procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=REPO,
                                       env=dict(env, LOCAL_RANK=str(rank))))
     return procs
@@ -262,6 +284,62 @@ def test_stopped_rank_leaves_peers_blocked_in_flight(sock):
     for r in (0, 2, 3):
         assert last[r].step == 3
         assert last[r].inflight[0].name in {"all_reduce", "recv", "send"}
+
+
+def test_a_hang_shows_where_the_stopped_rank_and_its_waiting_peers_are(sock):
+    """Hang forensics: rank 1 stops in its training loop (a sleep, not in any op); every
+    rank's hook sends its threads' stacks once its step lasts past the floor, and the hang
+    incident merges them: rank 1 alone at the line it stopped on, the others in a
+    torch.distributed call."""
+    with DaemonThread(sock, 0.2) as d:
+        procs = launch_ranks(sock, 50, stop_rank=1, stop_step=3, stacks_after_s=1.0)
+        try:
+            # the stacks come about a second into the stop, the hang a hang timeout (10 s)
+            # of stream time later, with the keepalives that show it
+            deadline = time.monotonic() + 60
+            hangs: list = []
+            while time.monotonic() < deadline and not hangs:
+                time.sleep(1.0)
+                messages = [(t, v) for t, _k, v in list(d.publisher.messages)]
+                hangs = [i for i in diagnose_messages(messages).events
+                         if i.kind == "hang" and i.stacks]
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+    sent = {hb.rank for t, v in messages if t == HEARTBEATS for hb in [decode_heartbeat(v)]
+            if hb.stacks}
+    assert sent == set(range(WORLD))
+    assert hangs, "no hang incident with stacks"
+    assert hangs[-1].culprit == "rank:1"
+    view = hangs[-1].stacks
+    assert view is not None
+    lead = view[0]  # the odd one out leads
+    assert (lead.thread, lead.ranks, lead.not_ranks) == ("training", "1", "0,2-3")
+    assert lead.frames[-1].startswith("test_torch_gloo.py:") and lead.frames[-1].endswith(
+        " in train")
+    # the peers wait in DDP's gradient all-reduce, called from inside the backward pass
+    peers = [g for g in view if g.thread == "training" and g.ranks != "1"]
+    assert sum(g.n_ranks for g in peers) == 3
+    assert all(any(" in backward" in f for f in g.frames) for g in peers), peers
+    assert "; stacks: rank 1 is at test_torch_gloo.py:" in hangs[-1].summary
+
+
+def test_a_long_checkpoint_is_work_not_a_hang(sock):
+    """Rank 0 spends 14 s in `torch.save` (past the 10 s hang timeout) while its peers wait
+    for it in the next collective: the hook shows the save in flight, and no hang opens."""
+    with DaemonThread(sock, 0.2) as d:
+        procs = launch_ranks(sock, 12, save_s=14.0)
+        _run_to_end(procs, timeout=120)
+    messages = [(t, v) for t, _k, v in list(d.publisher.messages)]
+    saving = [op for t, v in messages if t == HEARTBEATS for hb in [decode_heartbeat(v)]
+              if hb.rank == 0 for op in hb.inflight if op.name == "host:checkpoint"]
+    assert saving, "the save was never in flight"
+    res = diagnose_messages(messages)
+    assert [(i.kind, i.culprit) for i in res.incidents.values() if i.kind == "hang"] == []
+    saves = [m for m in _steps_by_rank(d.publisher)[0] if "host:checkpoint" in m.name]
+    (save,) = saves
+    assert save.dur_ns[list(save.name).index("host:checkpoint")] >= 14e9
 
 
 def test_healthy_run_has_no_compute_outlier(sock):

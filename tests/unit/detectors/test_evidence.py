@@ -48,3 +48,57 @@ def test_a_track_without_an_open_incident_is_dropped_once_quiet():
     for s in range(NEED, NEED + tr.window):
         _step(tr, s, None)
     assert ("rank:2", "gpu") not in tr.tracks
+
+
+def _burst(t: EvidenceTracker, step: int, excess_s: float) -> list:
+    return t.update(step, ["node:a"], ["link"], [9.0], [excess_s], ["slow"], step_s=1.0)
+
+
+def _quiet(t: EvidenceTracker, step: int) -> list:
+    return t.update(step, [], [], [], [], [], step_s=1.0)
+
+
+def _confirmed(bursts: dict[int, float], steps: int) -> list[int]:
+    t = EvidenceTracker()
+    return [s for s in range(steps) if (_burst(t, s, bursts[s]) if s in bursts else _quiet(t, s))]
+
+
+def test_bursts_that_each_stall_the_job_a_whole_step_confirm_on_the_second():
+    # a NIC flapping for seconds: one step in seven is twice as long or more
+    assert _confirmed({s: 2.0 for s in range(0, 40, 7)}, 40)[0] == 7
+    t = EvidenceTracker()
+    _burst(t, 0, 2.0)
+    (tr,) = _burst(t, 7, 2.0)
+    assert tr.intermittent
+
+
+def test_small_frequent_bursts_confirm_once_they_cost_a_whole_step_together():
+    # a NIC at half speed for two steps in eight: 0.2 of a step each, far beyond any jitter
+    bursts = {s: 0.2 for s in range(40) if s % 8 in (0, 1)}
+    assert _confirmed(bursts, 40)[0] == 16  # 0, 1, 8, 9, 16: a whole step in all
+    # the same bursts spread further apart never cost a step within the window
+    assert _confirmed({s: 0.2 for s in range(0, 200, 9)}, 200) == []
+
+
+def test_one_costly_step_or_cheap_ones_never_confirm():
+    assert _confirmed({5: 5.0}, 40) == []  # one long pause: a GC, a slow batch
+    assert _confirmed({5: 0.95, 30: 0.95, 55: 0.95}, 80) == []  # each far from the next
+    assert _confirmed({s: 0.09 for s in range(0, 40, 3)}, 40) == []  # below MINOR_SHARE
+    assert _confirmed({3: 0.6, 9: 0.6}, 40) == []  # two, neither doubled the step
+    # a persistent fault is confirmed the usual way, and is no intermittent one
+    t = EvidenceTracker()
+    (tr,) = [tr for s in range(3) for tr in _burst(t, s, 0.5)]
+    assert not tr.intermittent
+
+
+def test_an_intermittent_incident_outlasts_the_quiet_between_its_bursts():
+    from detectors.evidence import LONG_WINDOW
+    from detectors.incidents import IncidentBook
+
+    book = IncidentBook("j", resolve_after=10)
+    steady = book.open_incident("gpu", "rank:1", [], 0, 0, 0, "slow")
+    flapping = book.open_incident("link", "node:a", [], 0, 0, 0, "flaps")
+    flapping.resolve_after = LONG_WINDOW
+    resolved = {s: [i.culprit for i in book.quiet_step(set(), s)] for s in range(1, 30)}
+    assert resolved[10] == ["rank:1"] and resolved[LONG_WINDOW] == ["node:a"]
+    assert steady.resolved_step == 10 and flapping.resolved_step == LONG_WINDOW

@@ -398,3 +398,33 @@ def test_a_job_torn_down_at_once_blames_nobody_and_a_restarted_rank_is_back():
     d2.observe(_vanished(2, 2.0))
     d2.observe(hb(2, 3.0))  # an elastic restart: it reports again
     assert d2.exit_finding(10 * S, 2.0, final=True) is None
+
+
+def _checkpoint_job(d: HangDetector, until_s: int) -> None:
+    """Rank 0 saves a checkpoint from second 2; ranks 1-3 wait for it in the world barrier."""
+    d.learn_members("world.0", {0, 1, 2, 3})
+    for t in range(until_s + 1):
+        d.observe(hb(0, t, [("", "host:checkpoint", -1, 2)]))
+        for r in (1, 2, 3):
+            d.observe(hb(r, t, [("world.0", "barrier", 40, 2.5)]))
+
+
+def test_a_long_checkpoint_is_work_not_a_hang_until_it_outlasts_what_it_was_given():
+    d = HangDetector(timeout_s=10.0)
+    _checkpoint_job(d, 95)
+    # no checkpoint finished yet: ten hang timeouts (100 s) are given to the first
+    assert all(d.check(t * S) is None for t in range(12, 96))
+    d = HangDetector(timeout_s=10.0)
+    d.learn_stalls(["checkpoint", "gc"], np.array([20.0, 0.1]))  # one took 20 s before
+    _checkpoint_job(d, 50)
+    assert d.check(40 * S) is None  # 38 s: within twice the longest
+    f = d.check(50 * S)
+    assert f is not None and f.culprit == "rank:0"
+    assert "inside host:checkpoint for 48 s" in f.summary, f.summary
+
+
+def test_waits_on_a_rank_in_a_stall_are_never_a_communication_hang_of_its_peers():
+    d = HangDetector(timeout_s=10.0)
+    _checkpoint_job(d, 60)
+    assert "" not in d.members
+    assert all(d.check(t * S) is None for t in range(20, 61))

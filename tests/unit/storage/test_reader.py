@@ -25,7 +25,7 @@ def test_an_incident_row_is_every_written_column_but_its_version() -> None:
         "id, job, status, kind, culprit, suspect_entities, suspect_confidences, onset_step, "
         "opened_step, toUnixTimestamp64Nano(opened_ts) AS opened_ts_ns, last_step, "
         "resolved_step, slowdown, lost_gpu_seconds, lost_gpu_seconds_per_step, evidence_steps, "
-        "summary")
+        "summary, stacks")
     assert {c.name for c in INCIDENTS.written} - {c.name for c in INCIDENT_COLUMNS} == {"version"}
     assert select_list(DEAD_LETTER_COLUMNS) == "topic, partition, offset, reason, payload_b64"
 
@@ -48,7 +48,20 @@ def test_rank_scores_average_every_per_rank_figure() -> None:
 def test_incident_rows_get_their_suspects_back_as_objects() -> None:
     row = {"id": "x", "suspect_entities": ["rank:1", "job"], "suspect_confidences": [0.75, 0.25]}
     assert incident_from_row(row) == {"v": 1, "id": "x", "suspects": [
-        {"entity": "rank:1", "confidence": 0.75}, {"entity": "job", "confidence": 0.25}]}
+        {"entity": "rank:1", "confidence": 0.75}, {"entity": "job", "confidence": 0.25}],
+        "stacks": None}
+
+
+def test_a_hangs_stacks_come_back_as_objects_and_other_incidents_have_none() -> None:
+    def row(stacks: str) -> dict[str, object]:
+        return {"id": "x", "suspect_entities": [], "suspect_confidences": [], "stacks": stacks}
+
+    stored = ('[{"thread":"training","frames":["t.py:3 in f"],"ranks":"1","n_ranks":1,'
+              '"not_ranks":"0,2-3","note":""}]')
+    assert incident_from_row(row(stored))["stacks"] == [
+        {"thread": "training", "frames": ["t.py:3 in f"], "ranks": "1", "n_ranks": 1,
+         "not_ranks": "0,2-3", "note": ""}]
+    assert incident_from_row(row(""))["stacks"] is None
 
 
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "3"])

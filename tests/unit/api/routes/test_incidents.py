@@ -7,6 +7,7 @@ import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
+from schemas.wire import StackGroup
 from storage.testing import SAMPLE_JOB as JOB
 from storage.testing import MemoryStore, make_incident, step_ts
 
@@ -60,6 +61,28 @@ def test_an_incident_serves_what_its_newest_state_costs(
     assert {k: detail[k] for k in cost} == {k: item[k] for k in cost}
     described = client.get("/openapi.json").json()["components"]["schemas"]["Incident"]
     assert "latest step" in described["properties"]["lost_gpu_seconds_per_step"]["description"]
+
+
+def test_a_hang_serves_its_merged_stacks_and_other_incidents_none(
+    store: MemoryStore, client: TestClient
+) -> None:
+    view = [StackGroup("training", ["train.py:9 in main", "data.py:40 in load"], "5", 1, "0-4,6-7"),
+            StackGroup("", [], "2", 1, "0-1,3-7", "process stopped (SIGSTOP): it cannot answer"),
+            StackGroup("training", ["train.py:9 in main", "c10d.py:3 in all_reduce"], "0-1,3-4,6-7",
+                       6, "2,5")]
+    hang = msgspec.structs.replace(make_incident("hung", kind="hang", culprit="rank:5"),
+                                   stacks=view)
+    store.add_incident(hang)
+    store.flush()
+    detail = client.get(f"/v1/incidents/{hang.id}").json()
+    assert detail["stacks"] == msgspec.to_builtins(view)
+    (item,) = client.get("/v1/incidents", params={"job": "hung"}).json()["items"]
+    assert item["stacks"][0]["ranks"] == "5" and item["stacks"][1]["note"].startswith("process")
+    gpu = client.get("/v1/incidents", params={"job": JOB}).json()["items"][0]
+    assert gpu["stacks"] is None
+    described = client.get("/openapi.json").json()["components"]["schemas"]
+    assert "odd one out" in described["Incident"]["properties"]["stacks"]["description"]
+    assert "ranges" in described["StackGroup"]["properties"]["ranks"]["description"]
 
 
 def test_pages_by_cursor_and_by_offset_agree(client: TestClient, incident_pages) -> None:

@@ -60,6 +60,19 @@ def test_the_start_event_carries_the_cluster_topology_it_was_given():
     assert plain.topology is None
 
 
+def test_the_start_event_names_the_jobs_own_nodes_from_rank_zeros_slurm_host_list():
+    core = AgentCore("gpu-01", FakeClock(), switch_of_node={"gpu-01": "leaf-0"})
+    first = orjson.loads(hello(0))
+    job = decode_job(core.on_frame(1, HELLO, orjson.dumps(
+        {**first, "job_nodes": "gpu-[01-03]"}))[0][2])
+    assert [(n.node, n.switch) for n in job.nodes or []] == [
+        ("gpu-01", "leaf-0"), ("gpu-02", None), ("gpu-03", None)]
+    # an unreadable list names no node rather than a wrong one
+    bad = decode_job(AgentCore("n1", FakeClock()).on_frame(1, HELLO, orjson.dumps(
+        {**first, "job_nodes": "gpu-[x-y]"}))[0][2])
+    assert bad.nodes is None and bad.world_size == 4
+
+
 def test_steps_are_forwarded_untouched_keyed_by_job():
     core = AgentCore("n1", FakeClock())
     core.on_frame(1, HELLO, hello(0))
@@ -216,3 +229,71 @@ def test_protocol_violations_are_frame_errors(frames, match):
     with pytest.raises(FrameError, match=match):
         for ftype, payload in frames:
             core.on_frame(1, ftype, payload)
+
+
+def _stacks_table(step: int, ts: int, frames: list[str]) -> bytes:
+    return orjson.dumps({"step": step, "inflight": [], "stacks_ts_ns": ts, "stacks": [
+        {"thread": "MainThread", "frames": frames, "training": True},
+        {"thread": "pin_memory", "frames": ["threading.py:1 in run"]}]})
+
+
+def test_stacks_from_a_rank_go_out_once_with_its_next_sample_whatever_the_cadence():
+    clock = FakeClock()
+    core = AgentCore("n1", clock, proc_state=lambda pid: None)
+    core.on_frame(1, HELLO, hello(0))
+    core.on_frame(2, HELLO, hello(1))
+    sample(core, clock)  # the first samples
+    assert sample(core, clock) == {}  # quiet: nothing due
+    core.on_frame(2, INFLIGHT, _stacks_table(4, clock(), ["train.py:9 in main",
+                                                          "data.py:40 in load_batch"]))
+    clock.advance(core.cadence.interval_s)
+    beats = [decode_heartbeat(v) for _t, _k, v in core.heartbeats()]
+    assert [hb.rank for hb in beats] == [1]  # published though no keepalive was due
+    (hb,) = beats
+    assert hb.stacks is not None and hb.stacks_ts_ns is not None
+    assert [(t.thread, t.training, t.frames[-1]) for t in hb.stacks] == [
+        ("MainThread", True, "data.py:40 in load_batch"), ("pin_memory", False,
+                                                           "threading.py:1 in run")]
+    assert sample(core, clock) == {}  # once: not repeated with the next samples
+
+
+def test_a_rank_too_long_a_stack_is_cut_to_its_innermost_frames():
+    clock = FakeClock()
+    core = AgentCore("n1", clock, proc_state=lambda pid: None)
+    core.on_frame(1, HELLO, hello(0))
+    core.on_frame(1, INFLIGHT, _stacks_table(1, 5, [f"f.py:{i} in f" for i in range(500)]))
+    clock.advance(1.0)
+    (hb,) = [decode_heartbeat(v) for _t, _k, v in core.heartbeats()]
+    assert hb.stacks and len(hb.stacks[0].frames) == 40
+    assert hb.stacks[0].frames[-1] == "f.py:499 in f"
+
+
+def test_a_stopped_process_is_said_by_its_node_and_cleared_when_it_runs_again():
+    clock = FakeClock()
+    state: dict[int, str | None] = {1: None}
+    core = AgentCore("n1", clock, proc_state=lambda pid: state[pid])
+    core.on_frame(1, HELLO, hello(0))
+    sample(core, clock)
+    assert sample(core, clock) == {}
+    state[1] = "stopped"
+    clock.advance(1.0)
+    beats = [decode_heartbeat(v) for _t, _k, v in core.heartbeats()]
+    assert [(hb.rank, hb.proc_state) for hb in beats] == [(0, "stopped")]
+    assert sample(core, clock) == {}  # said once; the keepalive repeats it
+    state[1] = None
+    clock.advance(1.0)
+    beats = [decode_heartbeat(v) for _t, _k, v in core.heartbeats()]
+    assert [(hb.rank, hb.proc_state) for hb in beats] == [(0, None)]
+
+
+def test_a_moment_in_uninterruptible_sleep_is_no_blocked_process_but_two_samples_are():
+    clock = FakeClock()
+    seen = iter([None, None, "blocked", None, "blocked", "blocked", "blocked"])
+    core = AgentCore("n1", clock, proc_state=lambda pid: next(seen))
+    core.on_frame(1, HELLO, hello(0))
+    states = []
+    for _ in range(7):
+        clock.advance(1.0)
+        states.append([decode_heartbeat(v).proc_state for _t, _k, v in core.heartbeats()])
+    # published: the first sample; then only when two samples in a row found it blocked
+    assert states == [[None], [], [], [], [], ["blocked"], []]

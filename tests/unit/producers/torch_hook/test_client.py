@@ -42,3 +42,15 @@ def test_a_step_cut_before_the_identity_is_known_waits_in_the_queue():
     client.submit(OpLog().cut())
     client._drain()  # the sender thread's work, run inline
     assert len(client._queue) == 1 and client.stats.dropped_steps == 0
+
+
+def test_rank_zeros_hello_carries_the_jobs_node_list_and_no_other_rank_does():
+    import orjson
+
+    for rank, expected in ((0, "gpu-[01-04]"), (2, None)):
+        client = AgentClient(Path("/nonexistent/flare.sock"),
+                             lambda r=rank: RankMeta("j", r, "gpu-01", r, 4), OpLog().inflight)
+        client.job_nodes = "gpu-[01-04]"
+        hello = client._hello()
+        assert hello is not None
+        assert orjson.loads(hello).get("job_nodes") == expected

@@ -23,6 +23,14 @@ def test_settings_come_from_the_environment():
     assert HookSettings.from_env({"FLARE_JOB": "none"}).resolved_job() == "torch-job"
 
 
+def test_under_slurm_the_node_and_the_jobs_nodes_come_from_slurm():
+    env = {"SLURMD_NODENAME": "gpu-07", "SLURM_JOB_NODELIST": "gpu-[05-08]"}
+    s = HookSettings.from_env(env)
+    assert (s.node, s.job_nodes) == ("gpu-07", "gpu-[05-08]")
+    s = HookSettings.from_env({**env, "FLARE_NODE": "n7", "FLARE_JOB_NODES": "n[1-2]"})
+    assert (s.node, s.job_nodes) == ("n7", "n[1-2]")
+
+
 @pytest.mark.parametrize("value, on", [("true", True), ("yes", True), ("0", False),
                                        ("off", False)])
 def test_the_switch_reads_like_a_boolean(value, on):
