@@ -7,13 +7,16 @@ owns an embedded chDB) and in tests; it builds no clients and reads no settings 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter, FastAPI
+from fastapi.responses import PlainTextResponse
 
-from api import problems
+from api import metrics, problems
 from api.deps import Ready
 from api.routes import health, incidents, jobs
+from schemas.prometheus import CONTENT_TYPE
 from storage.client import ClickHouse
 from storage.reader import Queries, Reader
 
@@ -25,10 +28,12 @@ def _version() -> str:
         return "0+unknown"
 
 
-def create_app(store: Reader | ClickHouse, ready: Ready | None = None) -> FastAPI:
+def create_app(store: Reader | ClickHouse, ready: Ready | None = None,
+               more_metrics: Callable[[], str] | None = None) -> FastAPI:
     """The API over `store`: any `Reader` (`Queries` over ClickHouse, or the in-memory one
     of `storage.testing` in tests), or a ClickHouse client to read through `Queries`.
-    `ready()` -> (ok, reason) joins /readyz when given."""
+    `ready()` -> (ok, reason) joins /readyz when given; `more_metrics()` is appended to the
+    API's own Prometheus page at /metrics (the worker's, when it embeds the API)."""
     if isinstance(store, ClickHouse):
         store = Queries(store)
     app = FastAPI(
@@ -44,6 +49,18 @@ def create_app(store: Reader | ClickHouse, ready: Ready | None = None) -> FastAP
     app.state.store = store
     app.state.ready = ready
     problems.install(app)
+    requests = metrics.RequestMetrics()
+    metrics.install(app, requests)
+
+    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
+    def prometheus_metrics() -> PlainTextResponse:
+        """Prometheus metrics of this process (text format 0.0.4): the API's requests, and
+        the worker's own when the worker serves the API."""
+        page = requests.render(app.version)
+        if more_metrics is not None:
+            page += more_metrics()
+        return PlainTextResponse(page, media_type=CONTENT_TYPE)
+
     app.include_router(health.router)
     v1 = APIRouter(prefix="/v1")
     v1.include_router(incidents.router)

@@ -14,16 +14,18 @@ Keeping it free of faust lets the tests drive it with plain lists and a fake clo
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
-from schemas.clock import NS_PER_S, SecondsClock
+from schemas.clock import NS_PER_S, NanoClock, SecondsClock
 from schemas.report import DiagnoserOutput
 from schemas.topics import DEADLETTER, INCIDENTS, ORDERED_TOPICS
 from schemas.wire import DeadLetterV1, IncidentV1
+from streams.metrics import WorkerMetrics
 from streams.ordering import EventTimeMerger
 from streams.progress import Progress, Readiness
 from streams.routing import Decoded, Diagnoser, JobRouter, Routed
@@ -96,10 +98,14 @@ class Pipeline:
     """Router + event-time merge + sink + progress: the whole per-record path of the worker."""
 
     def __init__(self, router: JobRouter, sink: RowSink, progress: Progress,
-                 merger: EventTimeMerger[tuple[Decoded, Record]] | None = None) -> None:
+                 merger: EventTimeMerger[tuple[Decoded, Record]] | None = None,
+                 metrics: WorkerMetrics | None = None,
+                 perf_s: SecondsClock = time.perf_counter) -> None:
         self.router = router
         self.sink = sink
         self.progress = progress
+        self.metrics = metrics if metrics is not None else WorkerMetrics(time.time_ns)
+        self.perf_s = perf_s  # times the detectors' work per message (a metric, no decision)
         self.merger = merger if merger is not None else EventTimeMerger(
             ORDERED_TOPICS, progress.now)
         self._ordered = frozenset(self.merger.topics)
@@ -130,6 +136,7 @@ class Pipeline:
                 self.stats.skipped_redelivered += 1  # handled before the rebalance
                 continue
             self.stats.records += 1
+            self.metrics.messages[r.topic] += 1
             d = self.router.decode(r.topic, r.partition, r.offset, r.key, r.value)
             if not isinstance(d, Decoded):
                 self._collect(d, r, result)
@@ -152,7 +159,12 @@ class Pipeline:
         return self.merger.release(self._has_more)
 
     def _dispatch(self, d: Decoded, r: Record, result: BatchResult) -> None:
-        self._collect(self.router.dispatch(d), r, result)
+        self.metrics.event_time(d.topic, d.time_ns)
+        t0 = self.perf_s()
+        routed = self.router.dispatch(d)
+        if routed.output.reports:
+            self.metrics.observe_diagnosis(self.perf_s() - t0, len(routed.output.reports))
+        self._collect(routed, r, result)
 
     def _collect(self, routed: Routed, r: Record, result: BatchResult) -> None:
         """Store and publish what one message produced (its output, or its dead letter)."""
@@ -172,6 +184,7 @@ class Pipeline:
 
     def _incident(self, inc: IncidentV1) -> Outgoing:
         self.stats.incidents += 1
+        self.metrics.incident(inc)
         return Outgoing(INCIDENTS, inc.job.encode("utf-8"), _encode(inc))
 
     def rebuild(self, history: Iterable[Record]) -> int:
@@ -269,6 +282,13 @@ class Pipeline:
             return Readiness(False, f"storage: {self.stats.last_storage_error}")
         return self.progress.readiness()
 
+    def metrics_text(self) -> str:
+        """This worker's Prometheus page (`streams.metrics`)."""
+        return self.metrics.render(
+            lag={tp: self.progress.lag(tp) for tp in self.progress.assignment},
+            dead_letters=dict(self.router.dead_letters.by_cause),
+            jobs=len(self.router.jobs()), storage_ok=self.storage_ok)
+
     def snapshot(self) -> dict[str, object]:
         """Counters for logs and the API: lag, dead letters, throughput."""
         dec = self.router.steps_decoder
@@ -300,8 +320,11 @@ def build_pipeline(
     job_idle_s: float,
     now_s: SecondsClock,
     decoder_cache_ranks: int = 16_384,
+    wall_ns: NanoClock = time.time_ns,
+    version: str = "",
 ) -> Pipeline:
-    """Wire a pipeline from its parts with one clock (seconds; the router gets ns)."""
+    """Wire a pipeline from its parts with one clock (seconds; the router gets ns), and the
+    wall clock its metrics measure event-time lag against."""
     router = JobRouter(
         make_diagnoser,
         max_message_bytes=max_message_bytes,
@@ -309,4 +332,5 @@ def build_pipeline(
         idle_evict_s=job_idle_s,
         decoder_max_ranks=decoder_cache_ranks,
     )
-    return Pipeline(router, sink, Progress(now_s, stall_after_s))
+    return Pipeline(router, sink, Progress(now_s, stall_after_s),
+                    metrics=WorkerMetrics(wall_ns, version))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from flare import __version__
 from flare.settings import Settings
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def build_api(db: Any, pipeline: Any) -> Any:
         r = pipeline.readiness()
         return r.ready, r.reason
 
-    app = create_app(db, ready)
+    app = create_app(db, ready, more_metrics=pipeline.metrics_text)
 
     @app.get("/worker/stats", tags=["health"])
     async def worker_stats() -> dict[str, Any]:
@@ -90,6 +91,8 @@ def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> No
         job_idle_s=settings.job_idle_s,
         now_s=time.monotonic,
         decoder_cache_ranks=settings.decoder_cache_ranks,
+        wall_ns=time.time_ns,
+        version=__version__,
     )
     api = None
     if serve_api:

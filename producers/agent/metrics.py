@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from schemas.prometheus import Exposition
 from schemas.rankstep import HOST_STALL_PREFIX
 
 WINDOW = 1000  # collective latencies kept per rank and group kind for the quantiles
@@ -137,7 +138,7 @@ class NodeMetrics:
             lambda _j, _r: ()), dropped: int = 0, version: str = "") -> str:
         """The exposition text; `inflight_since(job, rank)`: start times (ns, node clock)
         of the rank's ops in flight, for the hang flag."""
-        out = _Exposition()
+        out = Exposition()
         out.family("flare_agent_build_info", "gauge", "the agent's version")
         out.sample("flare_agent_build_info", {"node": self.node, "version": version}, 1)
         out.family("flare_agent_dropped_messages_total", "counter",
@@ -194,25 +195,3 @@ class NodeMetrics:
         per_rank("flare_rank_hang", "gauge",
                  "1 when an op of the rank has been in flight past the hang timeout", hang)
         return out.text()
-
-
-class _Exposition:
-    """Prometheus text format 0.0.4: HELP and TYPE once per family, then its samples."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-
-    def sample(self, name: str, labels: dict[str, str], value: float) -> None:
-        text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
-        self.lines.append(f"{name}{{{text}}} {value:.10g}" if isinstance(value, float)
-                          else f"{name}{{{text}}} {value}")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
