@@ -81,6 +81,18 @@ class Settings(BaseSettings):
     job_idle_s: float = Field(
         600.0, description="a job silent this long is flushed and its state dropped"
     )
+    alertmanager_url: str = Field(
+        "", description="Alertmanager base URL (http://host:9093): incidents are pushed to its "
+        "v2 API, re-sent while open, ended on resolve; empty: no alerts"
+    )
+    webhook_url: str = Field(
+        "", description="a URL that receives every incident state as its v1 JSON (POST)"
+    )
+    public_url: str = Field(
+        "", description="the API's URL as on-call engineers reach it, for the links in alerts "
+        "(default http://<api_host>:<api_port>)"
+    )
+    alert_resend_s: float = Field(60.0, gt=0, description="re-send open alerts this often")
     rebuild_messages: int = Field(
         20_000, description="messages per input topic-partition re-read to rebuild detector "
         "state when a partition is assigned (0: start from scratch)"

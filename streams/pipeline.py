@@ -80,6 +80,7 @@ class BatchResult:
     outgoing: list[Outgoing] = field(default_factory=list)
     held: list[Any] = field(default_factory=list)
     finished: list[Any] = field(default_factory=list)
+    incidents: list[IncidentV1] = field(default_factory=list)  # the states in `outgoing`
 
 
 @dataclass(slots=True)
@@ -173,14 +174,15 @@ class Pipeline:
             key = r.key if r.key is not None else (routed.job or "").encode()
             result.outgoing.append(Outgoing(DEADLETTER, key, _encode(routed.dead_letter)))
         else:
-            result.outgoing.extend(self._emit(routed.output))
+            self._emit(routed.output, result)
 
-    def _emit(self, out: DiagnoserOutput) -> list[Outgoing]:
+    def _emit(self, out: DiagnoserOutput, result: BatchResult) -> None:
         if not out.reports and not out.incidents:
-            return []
+            return
         self.sink.add_output(out)
         self.stats.reports += len(out.reports)
-        return [self._incident(inc) for inc in out.incidents]
+        result.outgoing.extend(self._incident(inc) for inc in out.incidents)
+        result.incidents.extend(out.incidents)
 
     def _incident(self, inc: IncidentV1) -> Outgoing:
         self.stats.incidents += 1
@@ -219,7 +221,7 @@ class Pipeline:
             self._dispatch(d, r, result)
         held = self.merger.partitions_with_items()
         quiet = [p for p in self.progress.caught_up_partitions() if p not in held]
-        result.outgoing.extend(self._emit(self.router.tick(quiet)))
+        self._emit(self.router.tick(quiet), result)
         return result
 
     def on_revoked(self, tps: Iterable[tuple[str, int]]) -> None:

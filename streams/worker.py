@@ -23,6 +23,8 @@ from typing import Any
 
 from schemas.kafka import KafkaConnection
 from schemas.topics import DEADLETTER, INCIDENTS, INPUT_TOPICS
+from schemas.wire import IncidentV1
+from streams.alerts import Notifier
 from streams.pipeline import BatchResult, Outgoing, Pipeline, Record
 from streams.rebuild import rebuild_partitions
 
@@ -64,12 +66,15 @@ def build_app(
     *,
     datadir: Path,
     api: ApiServer | None = None,
+    notifier: Notifier | None = None,
 ) -> Any:
     """The faust App of one worker, with its agent, timer and rebalance hooks.
 
     `datadir` is faust's own scratch directory (it keeps no state there for us: no tables);
     the caller gives a temporary one so nothing lands in the working directory. Partitions
     new to this worker have their recent history re-read from the cluster (`rebuild.py`).
+    With a `notifier`, emitted incidents are pushed as alerts from a task of their own, in
+    order, so a slow or absent Alertmanager never holds up diagnosis.
     """
     import faust
     from faust.contrib.asgi import serve_asgi
@@ -137,6 +142,17 @@ def build_app(
                 continue  # not fetched yet
             pipeline.progress.set_highwater(tp.topic, tp.partition, hw)
 
+    # incident states to alert on, in order; None: time to re-send the open alerts
+    alerts: asyncio.Queue[list[IncidentV1] | None] = asyncio.Queue(maxsize=10_000)
+
+    def to_alert(item: list[IncidentV1] | None) -> None:
+        if notifier is None or not notifier.targets.enabled:
+            return
+        try:
+            alerts.put_nowait(item)
+        except asyncio.QueueFull:
+            notifier.stats.failed += len(item or ())
+
     async def finish(result: BatchResult) -> None:
         """Store, then ack what the merge had held and is now processed, then publish."""
         if await flush_until_stored():
@@ -147,6 +163,8 @@ def build_app(
         except Exception:
             log.exception("failed to publish %d incident/dead-letter messages",
                           len(result.outgoing))
+        if result.incidents:
+            to_alert(result.incidents)
 
     async def diagnose(stream: Any) -> None:
         async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
@@ -182,6 +200,21 @@ def build_app(
             log.exception("worker tick failed")
 
     app.timer(TICK_S, name="flare.worker.tick")(tick)
+
+    if notifier is not None and notifier.targets.enabled:
+        async def deliver_alerts() -> None:
+            while True:
+                item = await alerts.get()
+                try:
+                    await (notifier.tick() if item is None else notifier.notify(item))
+                except Exception:
+                    log.exception("alert delivery failed")
+
+        async def resend_alerts() -> None:
+            to_alert(None)
+
+        app.task(deliver_alerts)
+        app.timer(TICK_S, name="flare.worker.alerts")(resend_alerts)
 
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
         pipeline.flush()

@@ -44,6 +44,17 @@ def worker_config(settings: Settings) -> WorkerConfig:
     )
 
 
+def notifier(settings: Settings) -> Any:
+    """Where the worker sends its incidents as alerts (None when nowhere is configured)."""
+    from streams.alerts import AlertTargets, Notifier, httpx_post
+
+    targets = AlertTargets(
+        alertmanager_url=settings.alertmanager_url, webhook_url=settings.webhook_url,
+        incident_base_url=settings.public_url or f"http://{settings.api_host}:{settings.api_port}",
+        resend_s=settings.alert_resend_s)
+    return Notifier(targets, httpx_post(), time.time_ns) if targets.enabled else None
+
+
 def build_api(db: Any, pipeline: Any) -> Any:
     """The FastAPI app over `db`, with readiness from the pipeline's watchdog and the
     worker's own counters at /worker/stats."""
@@ -104,7 +115,7 @@ def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> No
     try:
         with tempfile.TemporaryDirectory(prefix="flare-faust-") as scratch:
             app = build_app(worker_config(settings), conn, pipeline, datadir=Path(scratch),
-                            api=api)
+                            api=api, notifier=notifier(settings))
             run_faust(app, loglevel=settings.log_level, quiet=quiet)
     finally:
         db.close()
