@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 from river import drift
 
 from detectors.base import Stateful
 from detectors.segments import robust_sigma
+from schemas.report import IrregularClass
 
 WARMUP = 5  # steps that only fill the window: a median of fewer is no baseline
 PERSISTENT_RUN = 3  # irregular steps in a row that make a `persistent` slowdown
@@ -47,8 +47,6 @@ REBASE_AFTER = 5  # steps with the level ≥ MIN_SHIFT off the baseline that re-
 # keep an alarm from meeting a confirmation): the baseline is never stuck past ~10 steps
 SIGMA_FLOOR = 0.01  # 1% step-to-step jitter at least
 
-# The classes a step can get (`StepReport.irregular`): the first steps only fill the window.
-IrregularClass = Literal["warmup", "normal", "spike", "fluctuation", "persistent"]
 
 
 @dataclass(slots=True)

@@ -57,10 +57,14 @@ class Settings(BaseSettings):
     kafka_ssl_key_location: str | None = None
     kafka_ssl_key_password: SecretStr | None = None
     partitions: int = Field(4, description="partitions of each flare topic")
+    broker_wait_s: float = Field(
+        10.0, gt=0, description="how long a worker waits for the broker to answer at start "
+        "before it gives up with one line (compose restarts it; a typo fails fast)"
+    )
     clickhouse_url: str = Field("chdb:///./data/chdb", description="chdb:///path or http(s)://")
     clickhouse_password: SecretStr = Field(SecretStr(""), description="ClickHouse password")
     api_host: str = "127.0.0.1"
-    api_port: int = 8000
+    api_port: int = Field(8000, ge=1, le=65535)
     group_id: str = "flare-worker"
     max_message_bytes: int = 8 * 1024 * 1024
     log_level: str = "warn"

@@ -8,6 +8,7 @@ them here, free of I/O, lets `flare diagnose` and the worker share one code path
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -44,6 +45,11 @@ class GroupRows:
     transfer_ratio: np.ndarray  # transfer vs comparable instances (1.0 = normal)
 
 
+# The classes a step can get (`StepReport.irregular`): the first steps only fill the window.
+IrregularClass = Literal["warmup", "normal", "spike", "fluctuation", "persistent"]
+IRREGULAR_CLASSES: tuple[str, ...] = get_args(IrregularClass)
+
+
 @dataclass(slots=True)
 class Detection:
     """One suspect's evidence in one step (only suspects above the noise are reported)."""
@@ -66,7 +72,7 @@ class StepReport:
     step_time_s: float  # median over ranks of t_end - t_start
     baseline_s: float  # the window's normal step time
     delta: float  # step_time_s / baseline_s
-    irregular: str  # warmup | normal | spike | fluctuation | persistent (detectors.irregularity)
+    irregular: str  # one of IRREGULAR_CLASSES (detectors.irregularity sets it)
     level_shift: bool  # a confirmed change point at this step (baseline re-set)
     ranks: RankRows
     groups: GroupRows

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Query
 from api.deps import Offset, Step, StoreDep
 from api.models import JobHealth, JobPage, RankScores, StepPoint, StepSeries
 from api.problems import bad_parameter, not_found, responses
+from schemas.report import IrregularClass
 from storage.reader import RankSort, Reader, Row
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -58,7 +59,7 @@ def job_steps(
     to_step: Step | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     irregular: Annotated[
-        list[str] | None,
+        list[IrregularClass] | None,
         Query(max_length=16, description="keep only these classes (repeat the parameter)"),
     ] = None,
 ) -> StepSeries:
@@ -68,7 +69,8 @@ def job_steps(
         raise bad_parameter("to_step", "must not be before from_step")
     _last_step(store, job)
     rows = store.steps(
-        job, from_step=from_step, to_step=to_step, limit=limit + 1, irregular=irregular
+        job, from_step=from_step, to_step=to_step, limit=limit + 1,
+        irregular=list(irregular) if irregular is not None else None,
     )
     next_from = None
     if len(rows) > limit:

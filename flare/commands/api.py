@@ -28,7 +28,8 @@ def register(app: typer.Typer) -> None:
             help="interface to bind (default 127.0.0.1)",
         ),
         port: int | None = typer.Option(
-            None, envvar="FLARE_API_PORT", show_envvar=True, help="port (default 8000)"
+            None, envvar="FLARE_API_PORT", show_envvar=True, help="port (default 8000)",
+            min=1, max=65535,
         ),
         wait_s: float = typer.Option(
             30.0, "--wait", help="seconds to wait for ClickHouse to answer before giving up"

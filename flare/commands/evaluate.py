@@ -23,8 +23,9 @@ def _parse_gpus(text: str) -> list[int]:
         gpus = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise typer.BadParameter(f"--gpus takes comma-separated integers, not {text!r}") from None
-    if not gpus or any(g < 8 for g in gpus):
-        raise typer.BadParameter("--gpus needs at least one size, each ≥ 8")
+    if not gpus or any(g < 8 or g & (g - 1) for g in gpus):
+        raise typer.BadParameter(
+            f"--gpus takes powers of two ≥ 8 (8, 16, …, 1024, 8192), not {text!r}")
     return gpus
 
 

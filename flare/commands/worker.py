@@ -89,7 +89,7 @@ def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> No
     from streams.worker import ApiServer, build_app, run_faust
 
     conn = settings.kafka_connection()
-    wait_for_broker(conn, timeout_s=60.0)
+    wait_for_broker(conn, timeout_s=settings.broker_wait_s)
     ensure_topics(conn, settings.partitions)
     db = connect_when_ready(settings.clickhouse_url, settings.clickhouse_password, timeout_s=60.0)
     apply_schema(db)
@@ -142,7 +142,7 @@ def register(app: typer.Typer) -> None:
             help="interface of the API (default 127.0.0.1)"),
         api_port: int | None = typer.Option(
             None, "--api-port", envvar="FLARE_API_PORT", show_envvar=True,
-            help="port of the API (default 8000)"),
+            help="port of the API (default 8000)", min=1, max=65535),
         log_level: str | None = typer.Option(
             None, "--log-level", envvar="FLARE_LOG_LEVEL", show_envvar=True,
             help="crit|error|warn|info|debug (default warn)"),
@@ -153,4 +153,11 @@ def register(app: typer.Typer) -> None:
             kafka_bootstrap=bootstrap, clickhouse_url=clickhouse_url, partitions=partitions,
             group_id=group_id, api_host=api_host, api_port=api_port, log_level=log_level,
         )
-        run(settings, serve_api=api, quiet=quiet)
+        from flare.local.broker import BrokerError
+        from storage.client import StorageError
+
+        try:
+            run(settings, serve_api=api, quiet=quiet)
+        except (BrokerError, StorageError) as exc:  # nothing to serve without them
+            typer.echo(f"flare worker: {exc}", err=True)
+            raise typer.Exit(2) from None

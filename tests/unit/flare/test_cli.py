@@ -87,8 +87,31 @@ def test_eval_json_has_the_documented_shape(tmp_path):
 
 def test_eval_rejects_bad_sizes():
     r = runner.invoke(app, ["eval", "--gpus", "4,x"])
-    assert r.exit_code != 0
+    assert r.exit_code == 2
     assert "--gpus" in r.output
+    r = runner.invoke(app, ["eval", "--gpus", "100", "--clean-steps", "0"])
+    assert r.exit_code == 2 and "powers of two" in r.output  # not a traceback
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_a_port_out_of_range_is_a_usage_error_not_a_traceback():
+    for cmd in (["api", "--port", "99999"], ["worker", "--api-port", "0"]):
+        r = runner.invoke(app, cmd)
+        assert r.exit_code == 2, (cmd, r.output)
+        assert "port" in r.output and "Traceback" not in r.output
+
+
+def test_a_worker_without_a_broker_says_so_in_one_line_after_its_short_wait(tmp_path,
+                                                                            monkeypatch):
+    from flare.local.broker import free_port
+
+    monkeypatch.setenv("FLARE_BROKER_WAIT_S", "1")
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["worker", "--bootstrap", f"127.0.0.1:{free_port()}", "--quiet"])
+    assert r.exit_code == 2, r.output
+    (line,) = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert line.startswith("flare worker: no Kafka broker answered at 127.0.0.1:")
+    assert line.endswith("within 1 s")  # the configured wait, not a minute
 
 
 def test_eval_conditions_add_a_row_and_a_json_part_per_condition(tmp_path):

@@ -44,6 +44,9 @@ def test_step_series_pages_forward_and_shows_the_newest_by_default(
     assert [(s["step"], s["irregular"]) for s in spikes] == [(45, "spike")]
     problem(client.get("/v1/jobs/nope/steps"), 404)
     problem(client.get(url, params={"from_step": 9, "to_step": 3}), 422)
+    # an unknown class is refused with the valid ones, not answered with nothing
+    bogus = problem(client.get(url, params={"irregular": "bogus"}), 422)
+    assert "'spike'" in bogus["detail"] and "'persistent'" in bogus["detail"]
 
 
 def test_rank_scores(client: TestClient, problem) -> None:
