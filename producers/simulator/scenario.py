@@ -268,6 +268,10 @@ class Scenario:
     stage_imbalance: float = 1.0
     fault2: Fault | None = None
     schedule: Schedule = "gpipe"
+    # true time 0 of the job on the nodes' clocks; None: a fixed epoch, so a recording is
+    # the same file every time. A live run (`flare up`) starts now, so its steps and
+    # incidents are where a "last hour" dashboard looks.
+    epoch_ns: int | None = None
 
     def __post_init__(self) -> None:
         self._check_conditions()
@@ -279,6 +283,9 @@ class Scenario:
                 raise ValueError(f"Scenario.{name} must be a finite number >= 0, got {v!r}")
         for name in ("steps", "microbatches", "chunks"):
             _positive_int("Scenario", name, getattr(self, name))
+        if self.epoch_ns is not None and (not isinstance(self.epoch_ns, int)
+                                          or self.epoch_ns < 0):
+            raise ValueError(f"Scenario.epoch_ns must be an integer >= 0, got {self.epoch_ns!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"Scenario.seed must be an integer >= 0, got {self.seed!r}")
         if not (self.step_time_s > 0 and math.isfinite(self.step_time_s)):

@@ -91,7 +91,8 @@ class ClusterSimulator:
         self.engine.scale = self._calibrate()
         crng = np.random.default_rng(clock_seed)
         skew = crng.uniform(-1.0, 1.0, topo.n_nodes) * scenario.noise.clock_skew_ms * 1e6
-        self.clocks = Clocks(EPOCH_NS, np.rint(skew).astype(np.int64))
+        self.epoch_ns = EPOCH_NS if scenario.epoch_ns is None else scenario.epoch_ns
+        self.clocks = Clocks(self.epoch_ns, np.rint(skew).astype(np.int64))
         self._phase = crng.uniform(0.0, HEARTBEAT_PERIOD_NS, topo.world)
         self.plan: FaultPlan | None = None  # the fault of the ground truth
         self.plans: list[FaultPlan] = []  # and the second, simultaneous one, if any
@@ -219,7 +220,7 @@ class ClusterSimulator:
                 if step == plan.fault.onset_step:
                     hang = plan.family in HANG_FAMILIES and rec.hang_ns is not None
                     t = rec.hang_ns if hang else float(np.min(rec.t_start))
-                    self._onset_ts_ns[i] = EPOCH_NS + int(round(t))  # type: ignore[arg-type]
+                    self._onset_ts_ns[i] = self.epoch_ns + int(round(t))  # type: ignore[arg-type]
             yield rec
             if not np.isfinite(clock).any():
                 return
@@ -295,7 +296,7 @@ class ClusterSimulator:
     def job_start(self) -> JobV1:
         lay = self.scenario.layout
         return JobV1(
-            v=1, job=self.scenario.job, event="start", ts_ns=EPOCH_NS, world_size=lay.world,
+            v=1, job=self.scenario.job, event="start", ts_ns=self.epoch_ns, world_size=lay.world,
             layout=WireLayout(tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep),
             nodes=[NodeInfo(**n) for n in self.topology.nodes_table()],
         )  # fmt: skip
@@ -327,10 +328,10 @@ class ClusterSimulator:
         """
         job, topo, clocks = self.scenario.job, self.topology, self.clocks
         start = self.job_start()
-        yield topics.JOBS, job, _job_value(start), EPOCH_NS
+        yield topics.JOBS, job, _job_value(start), self.epoch_ns
         merger = Merger()
         last = 0
-        latest_ns = EPOCH_NS  # largest node-clock stamp emitted
+        latest_ns = self.epoch_ns  # largest node-clock stamp emitted
 
         def emit(items) -> Iterator[tuple[str, str, dict, int]]:
             nonlocal last, latest_ns
@@ -339,10 +340,10 @@ class ClusterSimulator:
                 if isinstance(obj, list):
                     value = obj[i]
                     latest_ns = max(latest_ns, value["ts_ns"])
-                    yield topics.HEARTBEATS, job, value, EPOCH_NS + key
+                    yield topics.HEARTBEATS, job, value, self.epoch_ns + key
                 else:
                     latest_ns = max(latest_ns, int(obj.t_end_ns[i]))
-                    yield topics.STEPS, job, steps_value(obj, i), EPOCH_NS + key
+                    yield topics.STEPS, job, steps_value(obj, i), self.epoch_ns + key
 
         for st in self._steps(self._want_heartbeats()):
             if st.frame is not None and st.ends is not None:
@@ -351,7 +352,7 @@ class ClusterSimulator:
                 merger.add(st.heartbeats.t, heartbeat_values(st.heartbeats, job, topo, clocks))
             yield from emit(merger.release(st.watermark))
         yield from emit(merger.release(np.inf))
-        end_ts = max(EPOCH_NS + last, latest_ns) + 1_000_000
+        end_ts = max(self.epoch_ns + last, latest_ns) + 1_000_000
         yield topics.JOBS, job, {"v": 1, "job": job, "event": "end", "ts_ns": end_ts}, end_ts
 
 

@@ -254,3 +254,14 @@ def test_an_explicit_second_fault_in_the_same_group_is_refused():
     ok = ClusterSimulator(scenario(layout=lay, fault=Fault("slow_gpu", 1.5, 1, "rank:3"),
                                    fault2=Fault("nic", 3.0, 1, "node:node-0005")))  # fmt: skip
     assert [p.culprit for p in ok.plans] == ["rank:3", "node:node-0005"]
+
+
+def test_a_live_job_starts_at_the_epoch_it_is_given_and_a_recording_at_the_fixed_one():
+    lay = layout_for_gpus(64)
+    fixed = ClusterSimulator(scenario(layout=lay, steps=3))
+    assert fixed.job_start().ts_ns == EPOCH_NS
+    now = 1_800_000_000 * 10**9
+    live = ClusterSimulator(scenario(layout=lay, steps=3, epoch_ns=now))
+    assert live.job_start().ts_ns == now
+    first_steps = [ts for topic, _k, _v, ts in live.events() if topic == "flare.steps.v1"][:4]
+    assert all(now <= ts < now + 60 * 10**9 for ts in first_steps)
