@@ -15,7 +15,7 @@ from fastapi.responses import PlainTextResponse
 
 from api import metrics, problems
 from api.deps import Ready
-from api.routes import health, incidents, jobs
+from api.routes import dead_letters, health, incidents, jobs
 from schemas.prometheus import CONTENT_TYPE
 from storage.client import ClickHouse
 from storage.reader import Queries, Reader
@@ -65,5 +65,6 @@ def create_app(store: Reader | ClickHouse, ready: Ready | None = None,
     v1 = APIRouter(prefix="/v1")
     v1.include_router(incidents.router)
     v1.include_router(jobs.router)
+    v1.include_router(dead_letters.router)
     app.include_router(v1)
     return app

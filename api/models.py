@@ -169,6 +169,16 @@ class RankScores(BaseModel):
     ranks: list[RankScore]
 
 
+class DeadLetter(BaseModel):
+    """An input that could not be used (`flare.deadletter.v1`, as stored)."""
+
+    topic: str
+    partition: int
+    offset: int
+    reason: str = Field(description="why it was refused: the field and what was wrong")
+    payload_b64: str = Field(description="the original bytes, base64")
+
+
 class Status(BaseModel):
     status: str
     detail: str | None = None

@@ -15,6 +15,7 @@ from flare.commands import (
     diagnose,
     drill,
     evaluate,
+    incidents,
     replay,
     schemas,
     simulate,
@@ -29,7 +30,7 @@ app = typer.Typer(
 )
 
 for _module in (up, simulate, replay, diagnose, evaluate, drill, chaos, worker, api, agent,
-                schemas):
+                incidents, schemas):
     _module.register(app)
 
 

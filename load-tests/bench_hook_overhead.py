@@ -68,15 +68,23 @@ def op_cost(n: int = 200_000) -> dict[str, float]:
     p = Patcher(fake, log, GroupRegistry(fake), HookStats())
     t = torch.ones(4)
     holder = log.rows_ref
+    ops_per_step = [10_000]
 
     def call() -> None:  # the same loop body with and without the hook
         c10d.all_reduce(t)
-        if len(holder[0]) > 10_000:  # steps end now and then in real training
+        if len(holder[0]) >= ops_per_step[0]:  # steps end now and then in real training
             log.cut()
 
     bare = _per_call_ns(call, n)
+    # The rows of the current step are Python lists, alive until the step ends: the larger
+    # the step, the more the interpreter's garbage collector walks. Real steps hold
+    # hundreds to a few thousand ops.
+    by_step: dict[str, float] = {}
     p.install()
-    hooked = _per_call_ns(call, n)
+    for size in (100, 1_000, 10_000):
+        ops_per_step[0] = size
+        by_step[f"wrapper_ns_at_{size}_ops_per_step"] = _per_call_ns(call, n) - bare
+    hooked = by_step["wrapper_ns_at_10000_ops_per_step"] + bare
     p.uninstall()
 
     # (b) a real one-rank gloo all_reduce
@@ -106,6 +114,7 @@ def op_cost(n: int = 200_000) -> dict[str, float]:
     real_async_b = _per_call_ns(lambda: dist.all_reduce(t, async_op=True).wait(), m)
     dist.destroy_process_group()
     return {
+        **by_step,
         "wrapper_only_ns": hooked - bare,
         "gloo_all_reduce_ns": real,
         "gloo_all_reduce_hooked_ns": real_h,
@@ -143,13 +152,17 @@ def bench_rank(rank: int, world: int, port: int, steps: int, out: str) -> None:
     x = torch.randn(8, 32, 64)
 
     def switch(on: bool) -> None:
+        # everything the hook adds to the training thread goes on and off together: the
+        # collective wrappers, the module and optimizer hooks, the named-stall patches
         if on:
             hook.patcher.install()
+            hook.stalls.install()
             hook._handles.append(optim.register_optimizer_step_pre_hook(hook._opt_pre))
             hook._handles.append(optim.register_optimizer_step_post_hook(hook._opt_post))
             hook.instrument_module(ddp)
         else:
             hook.patcher.uninstall()
+            hook.stalls.uninstall()
             for h in hook._handles:
                 h.remove()
             hook._handles.clear()

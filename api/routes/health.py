@@ -11,12 +11,17 @@ from api.problems import ProblemError, responses
 router = APIRouter(tags=["health"])
 
 
+@router.head("/livez", include_in_schema=False)
+@router.head("/healthz", include_in_schema=False)
+@router.get("/livez", response_model=Status)
 @router.get("/healthz", response_model=Status)
 def healthz() -> Status:
-    """The process is up and serving HTTP (nothing else is checked)."""
+    """The process is up and serving HTTP (nothing else is checked): Kubernetes' liveness
+    probe (`/livez`; `/healthz` is the same). HEAD answers the same without a body."""
     return Status(status="ok")
 
 
+@router.head("/readyz", include_in_schema=False)
 @router.get("/readyz", response_model=Status, responses=responses(503))
 def readyz(store: StoreDep, ready: ReadyDep) -> Status:
     """Ready to answer: the embedding process says so (e.g. the worker's liveness watchdog)
