@@ -29,6 +29,22 @@ app = typer.Typer(
     help="Flare: find the GPU, node, host or link that slows a distributed training job.",
 )
 
+def _print_version(value: bool) -> None:
+    if value:
+        from flare import __version__
+
+        typer.echo(f"flare {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print Flare's version and exit"),
+) -> None:
+    """Flare: find the GPU, node, host or link that slows a distributed training job."""
+
+
 for _module in (up, simulate, replay, diagnose, evaluate, drill, chaos, worker, api, agent,
                 incidents, schemas):
     _module.register(app)

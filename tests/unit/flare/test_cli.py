@@ -155,3 +155,10 @@ def test_simulate_exposes_the_real_training_conditions(tmp_path):
     assert r.exit_code == 0, r.output
     second = json.loads((tmp_path / "run.truth.json").read_text())["second"]
     assert second["family"] == "straggler" and second["severity"] == 10.0
+
+
+def test_version_prints_one_line():
+    from flare import __version__
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout == f"flare {__version__}\n"
