@@ -42,10 +42,11 @@ def test_the_validator_does_reject_a_broken_file(tmp_path: Path) -> None:
     assert result.returncode != 0 and "nope" in result.stderr
 
 
-def test_compose_runs_kafka_clickhouse_workers_and_api_replicas() -> None:
+def test_compose_runs_kafka_clickhouse_workers_api_replicas_and_monitoring() -> None:
     result = config("--services")
     assert result.returncode == 0, result.stderr
-    assert set(result.stdout.split()) == {"kafka", "clickhouse", "worker", "api"}
+    assert set(result.stdout.split()) == {"kafka", "clickhouse", "worker", "api", "prometheus",
+                                          "alertmanager"}
     scaled = config("--format", "json", env={"FLARE_WORKERS": "3", "FLARE_API_REPLICAS": "4",
                                              "PATH": "/usr/bin:/bin"})
     assert scaled.returncode == 0, scaled.stderr
@@ -55,3 +56,7 @@ def test_compose_runs_kafka_clickhouse_workers_and_api_replicas() -> None:
     assert services["worker"]["environment"]["FLARE_KAFKA_BOOTSTRAP"] == "kafka:9092"
     assert services["api"]["environment"]["FLARE_CLICKHOUSE_URL"].startswith("http://")
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    # the workers' metrics are reachable on the network, their incidents go to Alertmanager
+    assert services["worker"]["environment"]["FLARE_API_HOST"] == "0.0.0.0"
+    assert services["worker"]["environment"]["FLARE_ALERTMANAGER_URL"] == (
+        "http://alertmanager:9093")
