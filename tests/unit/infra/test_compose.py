@@ -46,7 +46,7 @@ def test_compose_runs_kafka_clickhouse_workers_api_replicas_and_monitoring() -> 
     result = config("--services")
     assert result.returncode == 0, result.stderr
     assert set(result.stdout.split()) == {"kafka", "clickhouse", "worker", "api", "prometheus",
-                                          "alertmanager"}
+                                          "alertmanager", "grafana"}
     scaled = config("--format", "json", env={"FLARE_WORKERS": "3", "FLARE_API_REPLICAS": "4",
                                              "PATH": "/usr/bin:/bin"})
     assert scaled.returncode == 0, scaled.stderr
