@@ -60,6 +60,10 @@ def decode_steps(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> RankStep:
             raise InvalidMessage(
                 f"$.ops.{f}", f"has {len(getattr(ops, f))} entries but ops.kind has {n}"
             )
+    if ops.issue_ns is not None and len(ops.issue_ns) != n:  # optional, additive in v1
+        raise InvalidMessage(
+            "$.ops.issue_ns", f"has {len(ops.issue_ns)} entries but ops.kind has {n}"
+        )
     if m.t_end_ns < m.t_start_ns:
         raise InvalidMessage("$.t_end_ns", "is before t_start_ns")
     try:
@@ -67,6 +71,8 @@ def decode_steps(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> RankStep:
         start = np.array(ops.start_ns, dtype=np.int64)
         dur = np.array(ops.dur_ns, dtype=np.int64)
         nbytes = np.array(ops.bytes, dtype=np.int64)
+        if ops.issue_ns is not None:  # validated, not carried: no consumer reads it yet
+            np.array(ops.issue_ns, dtype=np.int64)
     except OverflowError:
         raise InvalidMessage("$.ops", "an integer does not fit in 64 bits") from None
     for fname, arr in (("dur_ns", dur), ("start_ns", start), ("bytes", nbytes)):

@@ -27,6 +27,10 @@ set and every `InvalidMessage` are unchanged by construction). Doubts are cheap 
   columns are parsed as one text with sentinels (INT64_MIN) between them; numpy turns an
   out-of-range value into INT64_MAX (tests pin this), so either extreme sends the message
   to the plain path, which reports an overflow exactly as before.
+- the optional `issue_ns` column (GPU-side timing, additive in v1) is `null` or an integer
+  column like the others, proved the same way on its own (n values, none below -1, none at
+  the extremes); its key adds one colon. It is validated, not carried: `RankStep` has no
+  field for it yet.
 
 Memory stays bounded: columns are shared by content (the ranks of one pipeline stage send the
 same kinds and names), entries are dropped by `forget(job)` when a job goes away and by an
@@ -71,6 +75,7 @@ class _RawOps(msgspec.Struct):
     start_ns: msgspec.Raw
     dur_ns: msgspec.Raw
     bytes: msgspec.Raw
+    issue_ns: msgspec.Raw | UnsetType = UNSET
 
 
 class _SeenCoords(msgspec.Struct, forbid_unknown_fields=False):
@@ -191,12 +196,36 @@ def _int_columns(ops: _RawOps, n: int) -> tuple[np.ndarray, ...] | None:
     return vals[:a], vals[a + 1 : b], vals[b + 1 : c], vals[c + 1 :]
 
 
+def _issue_ok(raw: msgspec.Raw | UnsetType, n: int) -> bool:
+    """Whether the optional issue_ns column is absent, null, or n integers >= -1 (in int64)."""
+    if raw is UNSET:
+        return True
+    col = bytes(raw)
+    if col == b"null":
+        return True
+    if col[:1] != b"[" or col[-1:] != b"]" or not col[1:-1].strip():
+        return False
+    inner = col[1:-1]
+    for ch in _NOT_INT:
+        if ch in inner:
+            return False
+    try:
+        vals = np.fromstring(inner, dtype=np.int64, sep=",")
+    except (ValueError, OverflowError):
+        return False
+    # numpy saturates out-of-range values to an extreme: INT64_MAX is refused here, and the
+    # lower one by the minimum
+    return vals.size == n and int(vals.min()) >= -1 and int(vals.max()) != _I64_MAX
+
+
 def _expected_colons(m: _RawSteps, entry: _Entry, raw: bytes) -> int:
     """Colons the message has if every key appears once and no unknown key is present."""
     n = _REQUIRED_KEYS + entry.kind.colons + entry.name.colons + entry.group.colons
     if b"\\" not in raw:  # job and node are then their own JSON text
         n += m.job.count(":") + m.node.count(":")
     if m.local_rank is not UNSET:
+        n += 1
+    if m.ops.issue_ns is not UNSET:
         n += 1
     c = m.coords
     if c is not UNSET:
@@ -295,7 +324,7 @@ class StepsDecoder:
         if colons != _expected_colons(m, e, raw):
             return None
         ints = _int_columns(m.ops, n)
-        if ints is None:
+        if ints is None or not _issue_ok(m.ops.issue_ns, n):
             return None
         start, dur, nbytes, seq = ints
         coords: dict[str, int] = {}

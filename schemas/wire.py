@@ -26,6 +26,9 @@ class Coords(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):
     cp: NonNeg | None = None
 
 
+IssueNs = Annotated[int, msgspec.Meta(ge=-1)]
+
+
 class Ops(msgspec.Struct):
     """Columnar ops of one rank-step: equal-length arrays, one entry per op."""
 
@@ -36,6 +39,11 @@ class Ops(msgspec.Struct):
     start_ns: list[int]
     dur_ns: list[int]
     bytes: list[int]
+    # Additive in v1 (GPU-side timing): per op, ns from the CPU's launch to the GPU's start,
+    # measured with CUDA events; -1 for an op without a GPU measure (CPU/gloo, or its events
+    # were not done when the step was sent). Absent: the producer timed nothing on a GPU.
+    # When present, its ops' start_ns/dur_ns are GPU times mapped to the node's clock.
+    issue_ns: list[IssueNs] | None = None
 
 
 class StepsV1(msgspec.Struct):

@@ -8,6 +8,10 @@ is in flight, so the in-flight table that makes heartbeats is just the pending r
 says the training thread sat in the op until it ended (a synchronous collective or send/recv,
 or a named host stall, `stalls`): a compute phase timed around such a call did not compute
 meanwhile, so the message carries the phase without it (`exclusive_compute`).
+
+With GPU timing (`gpu_timing`), the sender replaces the host times of the rows the GPU timed
+and appends each row's issue latency (``ISSUE``, -1 without a GPU measure) before the columns
+are built; the hot path's rows are never longer.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from schemas.rankstep import HOST_STALL_PREFIX
 from schemas.steps_message import steps_message as build_steps_message
 
 KIND, NAME, GROUP, SEQ, START, END, NBYTES, BLOCKS = range(8)
+ISSUE = 8  # only in the rows `steps_message` builds from GPU times
 COMPUTE, COLL, P2P = "compute", "coll", "p2p"
 MAX_INFLIGHT_REPORTED = 256
 
@@ -51,6 +56,7 @@ class StepCut:
     t_start_ns: int
     boundary_ns: int
     rows: list[Row]
+    gpu: list[Any] | None = None  # the step's `gpu_timing.GpuSpan`s, resolved by the sender
 
 
 class OpLog:
@@ -115,14 +121,21 @@ class OpLog:
         }
 
 
-def steps_message(meta: RankMeta, cut: StepCut, now_ns: int) -> dict[str, Any]:
+def steps_message(meta: RankMeta, cut: StepCut, now_ns: int,
+                  gpu: Mapping[int, tuple[int, int, int]] | None = None) -> dict[str, Any]:
     """The wire-v1 steps object of one cut step (numpy columns, orjson serialises them).
 
     Ops still in flight at send time get the duration they have had so far (a lower bound);
     the in-flight table keeps reporting them until they finish. Compute ops are numbered
-    within the step, as the contract says.
+    within the step, as the contract says. `gpu` (from `GpuTimer.resolve`: row id → GPU
+    start, end and issue latency in host ns) replaces the times of the rows it names, and the
+    message then carries `issue_ns` (-1 for every other op); without it, no such column.
     """
-    rows = exclusive_compute(cut.rows)
+    rows = cut.rows
+    if gpu is not None:
+        rows = [[*r[:START], t[0], t[1], *r[END + 1:], t[2]] if (t := gpu.get(id(r)))
+                else [*r, -1] for r in rows]
+    rows = exclusive_compute(rows)
     n = len(rows)
     if n == 0:
         return build_steps_message(
@@ -131,7 +144,8 @@ def steps_message(meta: RankMeta, cut: StepCut, now_ns: int) -> dict[str, Any]:
             t_end_ns=cut.boundary_ns, kind=[], name=[], group=[], seq=[], start_ns=[],
             dur_ns=[], bytes=[],
         )
-    kind, name, group, seq, start, end, nbytes, _ = (list(c) for c in zip(*rows, strict=True))
+    kind, name, group, seq, start, end, nbytes, _, *issue = (
+        list(c) for c in zip(*rows, strict=True))
     start_a = np.fromiter(start, dtype=np.int64, count=n)
     end_a = np.fromiter(end, dtype=np.int64, count=n)
     end_a = np.where(end_a < 0, max(now_ns, cut.boundary_ns), end_a)
@@ -145,6 +159,7 @@ def steps_message(meta: RankMeta, cut: StepCut, now_ns: int) -> dict[str, Any]:
         step=cut.step, coords=meta.coords, t_start_ns=t0, t_end_ns=int(end_a.max()),
         kind=kind, name=name, group=group, seq=seq_a, start_ns=start_a - t0,
         dur_ns=end_a - start_a, bytes=np.fromiter(nbytes, dtype=np.int64, count=n),
+        issue_ns=np.fromiter(issue[0], dtype=np.int64, count=n) if issue else None,
     )
 
 
@@ -157,7 +172,8 @@ def exclusive_compute(rows: list[Row]) -> list[Row]:
     The thread computed only outside its blocking calls, so the phase becomes the pieces
     between them (same name; the step's compute total is then what was computed). Async ops
     run beside the thread and cut nothing. A named host stall (`host:<what>`, also blocking)
-    cuts the phases around it, and is itself never cut: it is a wait, not a phase.
+    cuts the phases around it, and is itself never cut: it is a wait, not a phase. Only the
+    piece that starts where the phase did keeps its issue latency (``ISSUE``, when present).
 
     >>> fwd = ["compute", "fwd", "", -1, 0, 100, 0, False]
     >>> ar = ["coll", "all_reduce", "tp.0", 3, 40, 90, 64, True]
@@ -184,6 +200,7 @@ def exclusive_compute(rows: list[Row]) -> list[Row]:
             out.append(r)
             continue
         at, stop = r[START], r[END]
+        first = len(out)
         i = bisect_right(ends, at)
         while i < len(starts) and starts[i] < stop:
             if starts[i] > at:
@@ -192,6 +209,10 @@ def exclusive_compute(rows: list[Row]) -> list[Row]:
             i += 1
         if at < stop:
             out.append([*r[:START], at, stop, *r[END + 1:]])
+        if len(r) > ISSUE:
+            for piece in out[first:]:
+                if piece[START] != r[START]:
+                    piece[ISSUE] = -1
     out.sort(key=lambda r: r[START])
     return out
 

@@ -5,6 +5,10 @@ builds the v1 message, sends it, and every `interval_s` sends the rank's in-flig
 which is what lets the daemon see a hang while the training thread is stuck inside a
 collective (gloo and NCCL waits release the GIL). When the daemon is away or slow the
 message is dropped and counted; reconnection is retried at most every `retry_s`.
+
+With GPU timing (`gpu`), this thread is also where a step's CUDA events are read: it waits
+for them (bounded, `GpuTimer.resolve`) before building the step's message, so the training
+thread never synchronises with the GPU for Flare.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import orjson
 
 from producers.torch_hook.buffer import RankMeta, StepCut, encode, steps_message
+from producers.torch_hook.gpu_timing import GpuTimer
 from producers.torch_hook.wire import BYE, HELLO, INFLIGHT, STEPS, FrameError, encode_frame
 
 
@@ -53,8 +58,10 @@ class AgentClient:
         send_timeout_s: float = 1.0,
         max_queued: int = 64,
         clock: Callable[[], int] = time.time_ns,
+        gpu: GpuTimer | None = None,
     ) -> None:
         self.path = str(path)
+        self.gpu = gpu
         self._meta = meta
         self._inflight = inflight
         self.interval_s = interval_s
@@ -130,7 +137,10 @@ class AgentClient:
                 return  # identity unknown yet (no process group): keep the steps queued
             cut = self._queue.popleft()
             try:
-                payload = encode(steps_message(meta, cut, self.clock()))
+                gpu = None
+                if self.gpu is not None and cut.gpu:
+                    gpu = self.gpu.resolve(cut.gpu, cut.boundary_ns - cut.t_start_ns)
+                payload = encode(steps_message(meta, cut, self.clock(), gpu))
             except Exception:
                 self.stats.build_errors += 1
                 self.stats.dropped_steps += 1

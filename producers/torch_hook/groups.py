@@ -7,6 +7,10 @@ it is the user's index or torch's own group name (assigned in creation order, wh
 already requires to be the same on every rank). Tagging a group also gives the rank its
 coordinate in that dimension: its rank inside the group.
 
+A group also says whether its ops run on a GPU (`GroupInfo.gpu`: its backend is NCCL and GPU
+timing is on), decided once when it is resolved, so the CPU/gloo hot path pays one attribute
+read for GPU timing and nothing more.
+
 Point-to-point transfers get one group per direction, `<kind>.<id>.<src>-<dst>` with global
 ranks, so the k-th send from a to b and the k-th receive of b from a share group and seq
 whatever else either side does in between.
@@ -24,7 +28,7 @@ _DESC_KIND = re.compile(r"(?:^|[_\-.:])(tp|dp|pp|ep|cp)$")
 class GroupInfo:
     """One group's wire name, collective counter and per-direction p2p counters."""
 
-    __slots__ = ("name", "kind", "gid", "seq", "p2p", "me", "pg")
+    __slots__ = ("name", "kind", "gid", "seq", "p2p", "me", "pg", "gpu")
 
     def __init__(self, kind: str, gid: str, me: int, pg: Any) -> None:
         self.kind = kind
@@ -34,6 +38,7 @@ class GroupInfo:
         self.p2p: dict[tuple[int, int], list[Any]] = {}
         self.me = me
         self.pg = pg
+        self.gpu = False  # its ops get GPU events (`gpu_timing`)
 
     def next_seq(self) -> int:
         s = self.seq
@@ -56,10 +61,12 @@ class GroupRegistry:
 
     The fast path is one dict lookup keyed by the argument itself (None for the default
     group); resolution happens once per group. `dist` is the torch.distributed module.
+    `gpu`: GPU timing is on, so groups on NCCL are marked `GroupInfo.gpu`.
     """
 
-    def __init__(self, dist: Any) -> None:
+    def __init__(self, dist: Any, gpu: bool = False) -> None:
         self._dist = dist
+        self.gpu = gpu
         self._infos: dict[Any, GroupInfo] = {}
         self._tags: dict[Any, tuple[str, str]] = {}
         self._counters: dict[Any, GroupInfo] = {}
@@ -124,15 +131,24 @@ class GroupRegistry:
                 else:
                     tag = ("pg", self._pg_name(pg))
             info = GroupInfo(tag[0], tag[1], int(self._dist.get_rank()), pg)
+            info.gpu = self.gpu and self._on_nccl(pg)
             self._counters[pg] = info
         elif info.name != self._tagged_name(pg, info):
             # Tagged after first use: keep the counter, take the new name.
             kind, gid = self._tags[pg]
             renamed = GroupInfo(kind, gid, info.me, pg)
-            renamed.seq = info.seq
+            renamed.seq, renamed.gpu = info.seq, info.gpu
             self._counters[pg] = info = renamed
         self._infos[group] = info
         return info
+
+    def _on_nccl(self, pg: Any) -> bool:
+        """Whether `pg` runs (some of) its ops on NCCL ("nccl", or "cpu:gloo,cuda:nccl", where
+        the tensor's device then decides)."""
+        try:
+            return "nccl" in str(self._dist.get_backend(pg)).lower()
+        except Exception:
+            return False
 
     def _tagged_name(self, pg: Any, info: GroupInfo) -> str:
         tag = self._tags.get(pg)

@@ -9,7 +9,9 @@
 What it records (DESIGN §3): every collective and p2p call (kind, name, group, per-group seq,
 start, duration until completion, input bytes), compute phases (module hooks, `phase()`),
 named host stalls (GC, DataLoader waits, checkpoint saves, `stall()`; `stalls`), and step
-boundaries (the optimizer's step, or explicit `step()` calls, which then take over). Ops
+boundaries (the optimizer's step, or explicit `step()` calls, which then take over). On CUDA,
+communication on NCCL groups and the compute phases are also timed on the GPU with CUDA
+events (`gpu_timing`; FLARE_GPU_TIMING, on when CUDA is available). Ops
 go to a per-rank op log; at step end the step is handed to a background sender that ships one
 wire-v1 message to the node daemon (`flare agent`) over a Unix socket, and about every second
 the rank's in-flight table. Nothing here blocks or raises into training: when the daemon is
@@ -29,13 +31,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from producers.torch_hook.buffer import COMPUTE, OpLog, RankMeta, Row
 from producers.torch_hook.client import AgentClient
 from producers.torch_hook.exits import ExitReporter
+from producers.torch_hook.gpu_timing import GpuSpan, GpuTimer, gpu_timer, on_cuda
 from producers.torch_hook.groups import GroupRegistry
 from producers.torch_hook.patch import HookStats, Patcher
 from producers.torch_hook.stacks import StackWatch, capture_if_due
@@ -55,6 +58,8 @@ _ENV: dict[str, tuple[str, ...]] = {
     "agent_interval_s": ("FLARE_AGENT_INTERVAL_S",),
     "local_rank": ("FLARE_LOCAL_RANK", "LOCAL_RANK"),
     "stacks_after_s": ("FLARE_STACKS_AFTER_S",),
+    "gpu_timing": ("FLARE_GPU_TIMING",),
+    "nccl_timing": ("TORCH_NCCL_ENABLE_TIMING",),
 }
 
 
@@ -81,6 +86,11 @@ class HookSettings(BaseModel):
     local_rank: int | None = Field(None, description="FLARE_LOCAL_RANK, else LOCAL_RANK")
     stacks_after_s: float = Field(5.0, description="a step lasting this long (and 1.5 usual "
                                   "steps) sends every thread's stack (hang forensics)")
+    gpu_timing: bool | Literal["auto"] = Field(
+        "auto", description="FLARE_GPU_TIMING: time ops on the GPU with CUDA events "
+        "(auto: when CUDA is available)")
+    nccl_timing: bool = Field(False, description="TORCH_NCCL_ENABLE_TIMING, torch's own "
+                              "switch: NCCL times its kernels, async collectives use it")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> HookSettings:
@@ -114,6 +124,7 @@ class FlareHook:
         dist: Any = None,
         stacks_after_s: float = 5.0,
         job_nodes: str = "",
+        gpu: GpuTimer | None = None,
     ) -> None:
         if dist is None:
             import torch.distributed as dist
@@ -124,13 +135,14 @@ class FlareHook:
         self.step_on_optimizer = step_on_optimizer
         self.explicit_steps = False
         self.log = OpLog(clock)
-        self.groups = GroupRegistry(dist)
+        self.gpu = gpu  # GPU-side timing (`gpu_timing`); None: host times only
+        self.groups = GroupRegistry(dist, gpu=gpu is not None)
         self.stats = HookStats()
-        self.patcher = Patcher(dist, self.log, self.groups, self.stats)
+        self.patcher = Patcher(dist, self.log, self.groups, self.stats, gpu)
         self.stalls = StallPatches(self.log, self.stats)
         self.watch = StackWatch(after_s=stacks_after_s)
         self.client = AgentClient(socket_path, self.meta, self._table,
-                                  interval_s=interval_s, clock=clock)
+                                  interval_s=interval_s, clock=clock, gpu=gpu)
         self.exits = ExitReporter(socket_path)
         self.client.farewell = lambda: self.exits.report
         self.client.job_nodes = job_nodes
@@ -138,6 +150,7 @@ class FlareHook:
         self._handles: list[Any] = []
         self._meta: RankMeta | None = None
         self._opt_rows: dict[int, Row] = {}
+        self._opt_spans: dict[int, GpuSpan | None] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
     def install(self) -> FlareHook:
@@ -185,11 +198,14 @@ class FlareHook:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Time a compute phase: `with hook.phase("fwd"): ...`."""
+        """Time a compute phase: `with hook.phase("fwd"): ...` (on the GPU too, when on)."""
         row = self.log.begin(COMPUTE, name, "", -1, 0)
+        span = self.gpu.start(row) if self.gpu is not None else None
         try:
             yield
         finally:
+            if self.gpu is not None:
+                self.gpu.stop(span)
             self.log.end(row)
 
     def stall(self, name: str) -> contextlib.AbstractContextManager[None]:
@@ -210,26 +226,33 @@ class FlareHook:
         import torch
         from torch.utils._pytree import tree_leaves
 
-        log, stats = self.log, self.stats
+        log, stats, gpu = self.log, self.stats, self.gpu
         state: dict[str, Row] = {}
+        spans: dict[str, GpuSpan | None] = {}  # GPU timing, when the module is on CUDA
         engine = torch.autograd.Variable._execution_engine
 
         def bwd_end() -> None:
             row = state.pop("bwd", None)
             if row is not None:
+                if gpu is not None:  # final callbacks run after the caller's stream has
+                    gpu.stop(spans.pop("bwd", None))  # waited for the backward's streams
                 log.end(row)
 
         def bwd_start(_grad: Any) -> None:
             try:
                 if "bwd" not in state:
-                    state["bwd"] = log.begin(COMPUTE, "bwd", "", -1, 0)
+                    state["bwd"] = row = log.begin(COMPUTE, "bwd", "", -1, 0)
+                    if gpu is not None:
+                        spans["bwd"] = gpu.start(row) if on_cuda(module) else None
                     engine.queue_callback(bwd_end)
             except Exception as exc:
                 stats.error(exc)
 
         def pre(_mod: Any, _inputs: Any) -> None:
             try:
-                state["fwd"] = log.begin(COMPUTE, "fwd", "", -1, 0)
+                state["fwd"] = row = log.begin(COMPUTE, "fwd", "", -1, 0)
+                if gpu is not None:
+                    spans["fwd"] = gpu.start(row) if on_cuda(module) else None
             except Exception as exc:
                 stats.error(exc)
 
@@ -237,6 +260,8 @@ class FlareHook:
             try:
                 row = state.pop("fwd", None)
                 if row is not None:
+                    if gpu is not None:
+                        gpu.stop(spans.pop("fwd", None))
                     log.end(row)
                 if torch.is_grad_enabled():
                     for leaf in tree_leaves(output):
@@ -269,6 +294,8 @@ class FlareHook:
         self.stalls.training_thread = threading.get_ident()
         try:
             cut = self.log.cut()
+            if self.gpu is not None:
+                cut.gpu = self.gpu.take()
             self.watch.step_done(cut.boundary_ns - cut.t_start_ns)
             self.client.submit(cut)
         except Exception as exc:
@@ -286,13 +313,17 @@ class FlareHook:
 
     def _opt_pre(self, opt: Any, _args: Any, _kwargs: Any) -> None:
         try:
-            self._opt_rows[id(opt)] = self.log.begin(COMPUTE, "optimizer", "", -1, 0)
+            self._opt_rows[id(opt)] = row = self.log.begin(COMPUTE, "optimizer", "", -1, 0)
+            if self.gpu is not None and on_cuda(opt):
+                self._opt_spans[id(opt)] = self.gpu.start(row)
         except Exception as exc:
             self.stats.error(exc)
 
     def _opt_post(self, opt: Any, _args: Any, _kwargs: Any) -> None:
         row = self._opt_rows.pop(id(opt), None)
         if row is not None:
+            if self.gpu is not None:
+                self.gpu.stop(self._opt_spans.pop(id(opt), None))
             self.log.end(row)
         if self.step_on_optimizer and not self.explicit_steps:
             self._cut()
@@ -318,6 +349,9 @@ def install(settings: HookSettings | None = None, **overrides: Any) -> FlareHook
         "job_nodes": s.job_nodes,
     }
     kwargs.update(overrides)
+    if "gpu" not in kwargs:
+        kwargs["gpu"] = gpu_timer(s.gpu_timing, nccl_timing=s.nccl_timing,
+                                  clock=kwargs.get("clock", time.time_ns))
     hook = FlareHook(**kwargs).install()
     _active = hook
     atexit.register(_close_at_exit, hook)

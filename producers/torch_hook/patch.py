@@ -8,6 +8,12 @@ keyword, and for async ops stops the clock on completion: a future callback for 
 positive `is_completed()`. Bookkeeping never raises into training: a failure there is
 counted and the original function runs untouched.
 
+On a GPU group (`GroupInfo.gpu`: NCCL, with GPU timing on) a call with a CUDA tensor also
+records CUDA events around the op (`gpu_timing`): a start event before the call, an end event
+after a synchronous one, in an async one's future callback or after its `wait()`. The host
+times are kept as before; the sender replaces them with the GPU's when the events resolve.
+The CPU/gloo path pays one attribute read (`info.gpu`) for this.
+
 Both `torch.distributed.<fn>` and `torch.distributed.distributed_c10d.<fn>` are replaced, so
 calls through either name (and torch's internal calls) are seen; code that imported a function
 by name before `install()` keeps the original (install first).
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from producers.torch_hook.buffer import COLL, END, P2P, OpLog, Row
+from producers.torch_hook.gpu_timing import GpuSpan, GpuTimer
 from producers.torch_hook.groups import GroupRegistry
 
 
@@ -72,6 +79,13 @@ P2PS: dict[str, tuple[str, bool, bool]] = {
 }
 
 
+def _on_cuda(tensor: Any, is_list: bool = False) -> bool:
+    """Whether an op's input is on a CUDA device (a list: its first tensor)."""
+    if is_list:
+        tensor = tensor[0] if tensor else None
+    return bool(getattr(tensor, "is_cuda", False))
+
+
 def _nbytes(obj: Any, is_list: bool) -> int:
     if obj is None:
         return 0
@@ -81,14 +95,22 @@ def _nbytes(obj: Any, is_list: bool) -> int:
 
 
 class TimedWork:
-    """A Work whose completion stops an op's clock (for backends without futures)."""
+    """A Work whose completion stops an op's clock (for backends without futures).
 
-    __slots__ = ("_work", "_log", "_rows")
+    With GPU spans, `wait()` also records their end events: once it returns, the caller's
+    stream waits for the op, so an event recorded now runs when the op has ended on the GPU.
+    A positive `is_completed()` records none (the stream may be far past the op by then).
+    """
 
-    def __init__(self, work: Any, log: OpLog, rows: list[Row]) -> None:
+    __slots__ = ("_work", "_log", "_rows", "_spans", "_gpu")
+
+    def __init__(self, work: Any, log: OpLog, rows: list[Row],
+                 spans: list[GpuSpan | None] | None = None, gpu: GpuTimer | None = None) -> None:
         self._work = work
         self._log = log
         self._rows = rows
+        self._spans = spans
+        self._gpu = gpu
 
     def _done(self) -> None:
         for row in self._rows:
@@ -96,6 +118,9 @@ class TimedWork:
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         out = self._work.wait(*args, **kwargs)
+        if self._spans and self._gpu is not None:
+            for span in self._spans:
+                self._gpu.stop(span)
         self._done()
         return out
 
@@ -129,11 +154,13 @@ class HookStats:
 class Patcher:
     """Installs and removes the wrappers on one torch.distributed module."""
 
-    def __init__(self, dist: Any, log: OpLog, groups: GroupRegistry, stats: HookStats) -> None:
+    def __init__(self, dist: Any, log: OpLog, groups: GroupRegistry, stats: HookStats,
+                 gpu: GpuTimer | None = None) -> None:
         self.dist = dist
         self.log = log
         self.groups = groups
         self.stats = stats
+        self.gpu = gpu  # GPU timing; groups mark themselves `gpu` only when it is on
         self.local = threading.local()
         self._saved: dict[str, Callable[..., Any]] = {}
 
@@ -212,6 +239,8 @@ class Patcher:
             except Exception as exc:
                 stats.error(exc)
                 return orig(*args, **kwargs)
+            if info.gpu:
+                return patcher._gpu_coll(orig, args, kwargs, row, is_async, spec)
             try:
                 out = orig(*args, **kwargs)
             except BaseException:
@@ -227,6 +256,43 @@ class Patcher:
         wrapper.__name__ = orig.__name__
         wrapper.__doc__ = orig.__doc__
         return wrapper
+
+    def _gpu_start(self, row: Row, on_cuda: bool) -> GpuSpan | None:
+        return self.gpu.start(row) if on_cuda and self.gpu is not None else None
+
+    def _gpu_stop(self, span: GpuSpan | None) -> None:
+        if span is not None and self.gpu is not None:
+            self.gpu.stop(span)
+
+    def _gpu_coll(self, orig: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                  row: Row, is_async: bool, spec: CollSpec) -> Any:
+        """The rest of a collective on a GPU group, once its row is logged: CUDA events around
+        the call when its input is on CUDA (a barrier has none: NCCL runs it on the GPU)."""
+        span = None
+        try:
+            if spec.tensor is None:
+                on_cuda = True
+            else:
+                pos, kw = spec.tensor
+                on_cuda = _on_cuda(args[pos] if len(args) > pos else kwargs.get(kw), spec.is_list)
+            span = self._gpu_start(row, on_cuda)
+        except Exception as exc:
+            self.stats.error(exc)
+        log = self.log
+        try:
+            out = orig(*args, **kwargs)
+        except BaseException:
+            log.end(row)
+            raise
+        if not is_async or out is None:
+            self._gpu_stop(span)  # the caller's stream now waits for NCCL's: the op's end
+            log.end(row)
+            return out
+        if span is None:
+            return self._on_completion(out, [row])
+        if self.gpu is not None:
+            self.gpu.attach(span, out)
+        return self._on_completion(out, [row], [span])
 
     def _peer(self, info: Any, args: tuple[Any, ...], kwargs: dict[str, Any], is_send: bool,
               group: Any) -> int:
@@ -249,6 +315,7 @@ class Patcher:
             if getattr(local, "busy", False):
                 return orig(*args, **kwargs)
             local.busy = True
+            span = None
             try:
                 try:
                     group = args[2] if len(args) > 2 else kwargs.get("group")
@@ -259,6 +326,8 @@ class Patcher:
                     t = args[0] if args else kwargs.get("tensor")
                     row = log.begin(P2P, wire, gname, seq, _nbytes(t, False),
                                     blocks=not always_async)
+                    if info.gpu:
+                        span = patcher._gpu_start(row, _on_cuda(t))
                 except Exception as exc:
                     stats.error(exc)
                     row = None
@@ -271,9 +340,14 @@ class Patcher:
                 if row is None:
                     return out
                 if not always_async or out is None:
+                    patcher._gpu_stop(span)
                     log.end(row)
                     return out
-                return TimedWork(out, log, [row])
+                if span is None:
+                    return TimedWork(out, log, [row])
+                if patcher.gpu is not None:
+                    patcher.gpu.attach(span, out)
+                return TimedWork(out, log, [row], [span], patcher.gpu)
             finally:
                 local.busy = False
 
@@ -285,6 +359,7 @@ class Patcher:
     def _wrap_batch(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         local, log, groups, stats = self.local, self.log, self.groups, self.stats
         c10d = self.dist.distributed_c10d
+        patcher, gpu = self, self.gpu
 
         def wrapper(p2p_op_list: Any) -> Any:
             if getattr(local, "busy", False):
@@ -292,14 +367,18 @@ class Patcher:
             local.busy = True
             try:
                 rows: list[Row] = []
+                spans: list[GpuSpan | None] = []
                 try:
                     for op in p2p_op_list:
                         info = groups.get(op.group)
                         is_send = op.op is c10d.isend or getattr(op.op, "__name__", "") == "isend"
                         src, dst = (info.me, op.peer) if is_send else (op.peer, info.me)
                         gname, seq = info.p2p_next(int(src), int(dst))
-                        rows.append(log.begin(P2P, "send" if is_send else "recv", gname, seq,
-                                              _nbytes(op.tensor, False)))
+                        row = log.begin(P2P, "send" if is_send else "recv", gname, seq,
+                                        _nbytes(op.tensor, False))
+                        span = patcher._gpu_start(row, _on_cuda(op.tensor)) if info.gpu else None
+                        rows.append(row)
+                        spans.append(span)
                 except Exception as exc:
                     stats.error(exc)
                 try:
@@ -312,10 +391,13 @@ class Patcher:
                     for row in rows:
                         log.end(row)
                     return works
+                if not any(spans):
+                    spans = []
                 if len(works) == len(rows):
-                    return [TimedWork(w, log, [r]) for w, r in zip(works, rows, strict=True)]
+                    return [TimedWork(w, log, [r], spans[i:i + 1], gpu)
+                            for i, (w, r) in enumerate(zip(works, rows, strict=True))]
                 # Coalesced: one work for the batch; every op ends when it does.
-                return [TimedWork(w, log, rows) for w in works]
+                return [TimedWork(w, log, rows, spans, gpu) for w in works]
             finally:
                 local.busy = False
 
@@ -324,13 +406,28 @@ class Patcher:
         wrapper.__doc__ = orig.__doc__
         return wrapper
 
-    def _on_completion(self, work: Any, rows: list[Row]) -> Any:
-        """Stop the rows' clock when `work` completes; returns what the caller should get."""
+    def _on_completion(self, work: Any, rows: list[Row],
+                       spans: list[GpuSpan | None] | None = None) -> Any:
+        """Stop the rows' clock when `work` completes; returns what the caller should get.
+
+        With a GPU span, the future callback also records the op's end event: torch runs it
+        with a current stream made to wait on the Work's CUDA events (ivalue::Future::
+        invokeCallback), so the event runs when the op has ended on the GPU.
+        """
         log = self.log
         try:
             fut = work.get_future()
         except Exception:
-            return TimedWork(work, log, rows)
+            return TimedWork(work, log, rows, spans, self.gpu)
         row = rows[0]
-        fut.add_done_callback(lambda _f: log.end(row))
+        if not spans:
+            fut.add_done_callback(lambda _f: log.end(row))
+            return work
+        span, stop = spans[0], self._gpu_stop
+
+        def done(_f: Any) -> None:
+            stop(span)
+            log.end(row)
+
+        fut.add_done_callback(done)
         return work

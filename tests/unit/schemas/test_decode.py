@@ -189,3 +189,25 @@ def test_the_worker_decoder_answers_like_decode_steps(field, op_field, i, value,
         msg[field] = value
     raw = json.dumps(msg).encode()
     assert _answer(dec.decode, raw) == _answer(decode_steps, raw)
+
+
+def test_the_optional_issue_column_is_accepted_checked_and_old_messages_stay_valid():
+    """GPU-side timing adds `ops.issue_ns` within v1: a message with it decodes like the one
+    without, a column of another length or below -1 says so, and the JSON Schema agrees."""
+    gpu = copy.deepcopy(GOOD)
+    gpu["ops"]["issue_ns"] = [-1, 42000, 0]
+    old, new = decode_steps(orjson.dumps(GOOD)), decode_steps(orjson.dumps(gpu))
+    assert new.to_wire() == old.to_wire() == GOOD  # the column is checked, not carried (yet)
+    assert decode_steps(orjson.dumps({**gpu, "ops": {**gpu["ops"], "issue_ns": None}})).n_ops == 3
+    for issue, field, words in (([1, 2], "$.ops.issue_ns", "has 2 entries but ops.kind has 3"),
+                                ([1, 2, 3, 4], "$.ops.issue_ns", "has 4 entries"),
+                                ([1, -2, 3], "$.ops.issue_ns[1]", ">= -1")):
+        bad = {**gpu, "ops": {**gpu["ops"], "issue_ns": issue}}
+        with pytest.raises(InvalidMessage) as exc:
+            decode_steps(orjson.dumps(bad))
+        assert exc.value.field == field and words in exc.value.reason
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = msgspec.json.decode(schema_documents()["flare.steps.v1.json"])
+    jsonschema.validate(gpu, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**gpu, "ops": {**gpu["ops"], "issue_ns": [0, -5, 0]}}, schema)

@@ -85,7 +85,8 @@ def message(cols: dict[str, list], *, job: str = "j", rank: int = 3, node: str =
             local_rank: Any = "absent") -> Obj:
     top: list[tuple[str, Any]] = [("v", 1), ("job", job), ("rank", rank), ("node", node),
                                   ("step", step), ("t_start_ns", t0), ("t_end_ns", t1)]
-    ops = Obj([(c, cols[c]) for c in COLUMNS] + (ops_extra or []))
+    optional = [("issue_ns", cols["issue_ns"])] if "issue_ns" in cols else []
+    ops = Obj([(c, cols[c]) for c in COLUMNS] + optional + (ops_extra or []))
     top.append(("ops", ops))
     if local_rank != "absent":
         top.append(("local_rank", local_rank))
@@ -147,7 +148,7 @@ def mutated(draw: st.DrawFn, cols: dict[str, list]) -> Obj:
     how = draw(st.sampled_from([
         *["valid"] * 8, "int", "not_int", "bad_group", "no_group", "bad_kind",
         "length", "t_end", "dup_op", "dup_top", "dup_ops", "unknown", "coords", "local_rank",
-        "column_any",
+        "column_any", *["issue"] * 3, "issue_bad",
     ]))
     if how == "int" and n:
         cols[draw(st.sampled_from(COLUMNS[3:]))][draw(st.integers(0, n - 1))] = draw(ints)
@@ -188,6 +189,14 @@ def mutated(draw: st.DrawFn, cols: dict[str, list]) -> Obj:
         kw["local_rank"] = draw(st.none() | st.integers(-2, 9) | json_any)
     elif how == "column_any":
         cols[draw(st.sampled_from(COLUMNS))] = draw(json_any)
+    elif how == "issue":  # the optional GPU column, valid: n latencies >= -1, or null
+        kw["ops_extra"] = [("issue_ns", draw(st.none() | st.lists(
+            st.integers(-1, 10**12), min_size=n, max_size=n)))]
+    elif how == "issue_bad":  # ... or not: a wrong length, a value out of range, any JSON
+        good = [0] * n
+        kw["ops_extra"] = [("issue_ns", draw(st.one_of(
+            st.just(good + [0]), st.just(good[1:]), json_any,
+            st.lists(ints | not_ints, min_size=n, max_size=n))))]
     return message(cols, rank=draw(st.sampled_from([0, 0, 0, 1, 2])), **kw)
 
 
@@ -234,7 +243,8 @@ def test_the_raw_models_mirror_the_wire_models_field_for_field():
                 assert b.type in (a.type, a.type | UnsetType), a.name
 
     same_fields(StepsV1, sd._RawSteps, {"ops", "coords"})
-    same_fields(Ops, sd._RawOps, set(COLUMNS))
+    same_fields(Ops, sd._RawOps, {*COLUMNS, "issue_ns"})  # the op columns stay raw text
+    assert msgspec.structs.fields(sd._RawOps)[-1].default is msgspec.UNSET  # issue_ns: optional
     same_fields(Coords, sd._SeenCoords, set())
     assert sd._REQUIRED_KEYS == 8 + len(COLUMNS)
 
@@ -272,6 +282,10 @@ def test_a_rank_whose_groups_change_gets_the_new_groups():
     ({"seq": [0, 1.0, 2]}, "$.ops.seq[1]", "Expected `int`, got `float`"),
     ({"start_ns": [0, 1]}, "$.ops.start_ns", "has 2 entries but ops.kind has 3"),
     ({"name": ["a", "b"]}, "$.ops.name", "has 2 entries but ops.kind has 3"),
+    ({"issue_ns": [5, -1]}, "$.ops.issue_ns", "has 2 entries but ops.kind has 3"),
+    ({"issue_ns": [5, -2, 0]}, "$.ops.issue_ns[1]", ">= -1"),
+    ({"issue_ns": [5, 2**63, 0]}, "$.ops", "does not fit in 64 bits"),
+    ({"issue_ns": "1,2,3"}, "$.ops.issue_ns", "Expected `array | null`"),
 ])
 def test_an_invalid_message_after_a_cached_valid_one_of_the_same_rank_says_the_same(
         change, field, words):
@@ -351,3 +365,14 @@ def test_the_worker_router_owns_one_decoder_and_forgets_a_revoked_job():
     assert r.steps_decoder.hits == 1 and len(r.steps_decoder) == 1
     assert r.revoke([0]) == ["j1"]
     assert len(r.steps_decoder) == 0
+
+
+def test_the_optional_gpu_column_stays_on_the_fast_path_and_old_messages_too():
+    dec = StepsDecoder()
+    for cols in (GOOD_COLS, dict(GOOD_COLS, issue_ns=[-1, 250, 0]),
+                 dict(GOOD_COLS, issue_ns=None), GOOD_COLS):
+        assert assert_same(dec, raw_of(message(cols), Style(", ", ": ")))[0] == "ok"
+    assert dec.fallbacks == 0 and dec.hits == 3
+    for bad in ([-1, 250], [0, -2, 0], [0, 2**63, 0]):  # proved wrong, or in doubt: plain path
+        assert assert_same(dec, raw_of(message(dict(GOOD_COLS, issue_ns=bad))))[0] != "ok"
+    assert dec.fallbacks == 3
