@@ -10,13 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import PlainTextResponse
+from pydantic import SecretStr
 
-from api import metrics, problems
+from api import auth, metrics, problems
 from api.deps import Ready
+from api.page import docs as offline_docs
+from api.page import routes as pages
 from api.routes import dead_letters, health, incidents, jobs
+from api.routes import sql as sql_routes
 from schemas.prometheus import CONTENT_TYPE
+from storage.adhoc import ReadOnlySQL
 from storage.client import ClickHouse
 from storage.reader import Queries, Reader
 
@@ -29,11 +34,16 @@ def _version() -> str:
 
 
 def create_app(store: Reader | ClickHouse, ready: Ready | None = None,
-               more_metrics: Callable[[], str] | None = None) -> FastAPI:
+               more_metrics: Callable[[], str] | None = None,
+               api_key: str | SecretStr | None = None,
+               sql: ReadOnlySQL | None = None) -> FastAPI:
     """The API over `store`: any `Reader` (`Queries` over ClickHouse, or the in-memory one
     of `storage.testing` in tests), or a ClickHouse client to read through `Queries`.
     `ready()` -> (ok, reason) joins /readyz when given; `more_metrics()` is appended to the
-    API's own Prometheus page at /metrics (the worker's, when it embeds the API)."""
+    API's own Prometheus page at /metrics (the worker's, when it embeds the API). With an
+    `api_key` (FLARE_API_KEY), everything under /v1 needs it (`api.auth`); probes, /metrics
+    and the OpenAPI stay open. `sql` (a read-only session, `storage.adhoc`) serves
+    POST /v1/sql; without it that route answers 404."""
     if isinstance(store, ClickHouse):
         store = Queries(store)
     app = FastAPI(
@@ -43,11 +53,13 @@ def create_app(store: Reader | ClickHouse, ready: Ready | None = None,
         "training: incidents, job health, step series and per-rank scores. Errors are RFC "
         "9457 problem+json.",
         openapi_url="/openapi.json",
-        docs_url="/docs",
+        docs_url=None,  # served from local files below (api.page.docs): no CDN
         redoc_url=None,
     )
     app.state.store = store
     app.state.ready = ready
+    app.state.sql = sql
+    auth.set_api_key(app.state, api_key)
     problems.install(app)
     requests = metrics.RequestMetrics()
     metrics.install(app, requests)
@@ -62,9 +74,14 @@ def create_app(store: Reader | ClickHouse, ready: Ready | None = None,
         return PlainTextResponse(page, media_type=CONTENT_TYPE)
 
     app.include_router(health.router)
-    v1 = APIRouter(prefix="/v1")
+    # the key guards the router, so every route put under /v1 is guarded
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(auth.require_api_key)])
     v1.include_router(incidents.router)
     v1.include_router(jobs.router)
     v1.include_router(dead_letters.router)
+    v1.include_router(sql_routes.router)
     app.include_router(v1)
+    # the incident page shows /v1 data: the same key guards it
+    app.include_router(pages.router, dependencies=[Depends(auth.require_api_key)])
+    offline_docs.install(app)
     return app

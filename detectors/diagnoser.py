@@ -54,6 +54,7 @@ from detectors.stalls import stall_seconds
 from detectors.suspects import step_suspects
 from detectors.untraced_suspects import WaitHistory, untraced_home
 from detectors.whatif import UsualStep, job_cost
+from schemas import InvalidMessage
 from schemas.clock import NS_PER_S
 from schemas.frame import StepFrame
 from schemas.rankstep import RankStep
@@ -98,6 +99,7 @@ class JobDiagnoser(Stateful):
     # ---- inputs ---------------------------------------------------------------------------
     def on_steps(self, msg: RankStep) -> DiagnoserOutput:
         """One rank-step message; returns the reports of any steps it completed."""
+        self._check_rank(msg.rank)
         self.now_ns = max(self.now_ns, msg.t_end_ns)
         self.steps_ns = max(self.steps_ns, msg.t_end_ns)
         out = DiagnoserOutput()
@@ -110,6 +112,14 @@ class JobDiagnoser(Stateful):
             out.extend(self.on_frame(frame))
         return out
 
+    def _check_rank(self, rank: int) -> None:
+        """InvalidMessage, before any state changes, for a rank outside the world the job's
+        start event declared: per-rank state is sized by the largest rank seen, so one such
+        message would make every detector hold (and scan) arrays that size."""
+        world = self.assembler.world_size
+        if world and rank >= world:
+            raise InvalidMessage("$.rank", f"is {rank}, outside the job's world_size {world}")
+
     def on_heartbeat(self, hb: HeartbeatV1) -> DiagnoserOutput:
         """One heartbeat: it may open a hang, but it does not expire step grace periods.
 
@@ -118,6 +128,7 @@ class JobDiagnoser(Stateful):
         messages are merely not read yet. Steps expire on step time (and on `tick`, which
         the worker calls only for partitions that are caught up).
         """
+        self._check_rank(hb.rank)
         self.hang.observe(hb)
         if self.stacks.observe(hb):
             self._stacks_new = True

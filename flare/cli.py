@@ -19,6 +19,8 @@ from flare.commands import (
     replay,
     schemas,
     simulate,
+    sql,
+    trace,
     up,
     worker,
 )
@@ -46,7 +48,7 @@ def _options(
 
 
 for _module in (up, simulate, replay, diagnose, evaluate, drill, chaos, worker, api, agent,
-                incidents, schemas):
+                incidents, sql, trace, schemas):
     _module.register(app)
 
 

@@ -6,11 +6,18 @@ environment deeper in the code.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from detectors.config import DetectorConfig
 from schemas.kafka import KafkaConnection, SaslMechanism, SecurityProtocol
+from schemas.redact import redact_url
+
+# Settings that are URLs which may carry credentials, and whether their user and path may be
+# secrets too (a webhook's path often is its token).
+_URLS = {"clickhouse_url": False, "alertmanager_url": True, "webhook_url": True}
 
 
 class DetectorSettings(BaseSettings):
@@ -65,6 +72,10 @@ class Settings(BaseSettings):
     clickhouse_password: SecretStr = Field(SecretStr(""), description="ClickHouse password")
     api_host: str = "127.0.0.1"
     api_port: int = Field(8000, ge=1, le=65535)
+    api_key: SecretStr | None = Field(
+        None, description="a key every /v1 request must carry (X-API-Key or Authorization: "
+        "Bearer); the CLI's API clients send it. Unset or empty: the API is open (api/auth.py)"
+    )
     group_id: str = "flare-worker"
     max_message_bytes: int = 8 * 1024 * 1024
     log_level: str = "warn"
@@ -101,6 +112,14 @@ class Settings(BaseSettings):
         20_000, description="messages per input topic-partition re-read to rebuild detector "
         "state when a partition is assigned (0: start from scratch)"
     )
+
+    def __repr_args__(self) -> Any:
+        """The repr (and str) of the settings, with every URL that may carry a secret shown
+        without it; the values themselves are untouched (SecretStr fields hide themselves)."""
+        for name, value in super().__repr_args__():
+            if name in _URLS and isinstance(value, str):
+                value = redact_url(value, opaque=_URLS[name])
+            yield name, value
 
     def kafka_connection(self, bootstrap: str | None = None) -> KafkaConnection:
         """The one Kafka connection every client of this process uses.

@@ -8,6 +8,7 @@ dead letter; nothing here ever raises another exception type on bad bytes.
 from __future__ import annotations
 
 import re
+from typing import TypeVar
 
 import msgspec
 import numpy as np
@@ -23,6 +24,7 @@ _steps_decoder = msgspec.json.Decoder(StepsV1)
 _heartbeat_decoder = msgspec.json.Decoder(HeartbeatV1)
 _job_decoder = msgspec.json.Decoder(JobV1)
 _I64 = np.iinfo(np.int64)
+T = TypeVar("T")
 
 
 def _invalid_from(exc: msgspec.DecodeError) -> InvalidMessage:
@@ -34,6 +36,21 @@ def _invalid_from(exc: msgspec.DecodeError) -> InvalidMessage:
     if field == "$.v":
         reason = f"unsupported or missing contract version ({reason}); this worker accepts v=1"
     return InvalidMessage(field, reason or "malformed JSON")
+
+
+def decode_json(decoder: msgspec.json.Decoder[T], raw: bytes) -> T:
+    """`decoder.decode(raw)`, every failure an InvalidMessage.
+
+    msgspec raises UnicodeDecodeError, not a DecodeError, for a string that is not UTF-8;
+    left uncaught it escaped the worker's per-message handling and took the whole batch
+    with it (found by the malformed-input fuzz tests).
+    """
+    try:
+        return decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise _invalid_from(exc) from None
+    except UnicodeDecodeError as exc:
+        raise InvalidMessage("$", f"a string is not valid UTF-8 ({exc.reason})") from None
 
 
 def _check_size(raw: bytes, max_bytes: int) -> None:
@@ -49,10 +66,7 @@ def _group_ok(g: str) -> bool:
 def decode_steps(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> RankStep:
     """Decode and validate one `flare.steps.v1` message into columnar numpy arrays."""
     _check_size(raw, max_bytes)
-    try:
-        m = _steps_decoder.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise _invalid_from(exc) from None
+    m = decode_json(_steps_decoder, raw)
     ops = m.ops
     n = len(ops.kind)
     for f in _OP_FIELDS[1:]:
@@ -121,19 +135,13 @@ def decode_steps(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> RankStep:
 def decode_heartbeat(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> HeartbeatV1:
     """Decode and validate one `flare.heartbeats.v1` message."""
     _check_size(raw, max_bytes)
-    try:
-        return _heartbeat_decoder.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise _invalid_from(exc) from None
+    return decode_json(_heartbeat_decoder, raw)
 
 
 def decode_job(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> JobV1:
     """Decode and validate one `flare.jobs.v1` message."""
     _check_size(raw, max_bytes)
-    try:
-        m = _job_decoder.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise _invalid_from(exc) from None
+    m = decode_json(_job_decoder, raw)
     if m.event == "start" and m.world_size is None:
         raise InvalidMessage("$.world_size", "a start event needs world_size")
     return m

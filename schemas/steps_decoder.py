@@ -53,7 +53,7 @@ from msgspec import UNSET, UnsetType
 
 from schemas.decode import DEFAULT_MAX_BYTES, _check_size, _group_ok, decode_steps
 from schemas.rankstep import KIND_CODE, RankStep
-from schemas.wire import Name, NonNeg, OpKind
+from schemas.wire import Int64, Name, NonNeg, OpKind, Rank
 
 _I64_MIN = int(np.iinfo(np.int64).min)
 _I64_MAX = int(np.iinfo(np.int64).max)
@@ -63,6 +63,9 @@ _SENTINEL = b",%d," % _I64_MIN
 # number with one of '.eE' (a float): text without any of these holds integers only.
 _NOT_INT = tuple(bytes([c]) for c in b'.eE"tfn[{')
 _COLON = 58
+# what msgspec raises on bytes it cannot decode: a string that is not UTF-8 is a
+# UnicodeDecodeError, not a DecodeError; either sends the message to `decode_steps`
+_UNDECODABLE = (msgspec.DecodeError, UnicodeDecodeError)
 _COORD_DIMS = ("tp", "pp", "dp", "ep", "cp")
 _REQUIRED_KEYS = 15  # v job rank node step t_start_ns t_end_ns ops + the 7 op columns
 
@@ -93,11 +96,11 @@ class _RawSteps(msgspec.Struct):
 
     v: Literal[1]
     job: Name
-    rank: NonNeg
+    rank: Rank
     node: Name
     step: NonNeg
-    t_start_ns: int
-    t_end_ns: int
+    t_start_ns: Int64
+    t_end_ns: Int64
     ops: _RawOps
     local_rank: NonNeg | UnsetType = UNSET
     coords: _SeenCoords | None | UnsetType = UNSET
@@ -140,7 +143,7 @@ class _Entry:
 def _kind_column(raw: bytes) -> _Column | None:
     try:
         kinds = _kinds.decode(raw)
-    except msgspec.DecodeError:
+    except _UNDECODABLE:
         return None
     codes = np.fromiter((KIND_CODE[k] for k in kinds), dtype=np.uint8, count=len(kinds))
     return _Column(raw, tuple(map(sys.intern, kinds)), _frozen(codes))
@@ -149,7 +152,7 @@ def _kind_column(raw: bytes) -> _Column | None:
 def _name_column(raw: bytes) -> _Column | None:
     try:
         names = _strings.decode(raw)
-    except msgspec.DecodeError:
+    except _UNDECODABLE:
         return None
     return _Column(raw, tuple(map(sys.intern, names)))
 
@@ -157,7 +160,7 @@ def _name_column(raw: bytes) -> _Column | None:
 def _group_column(raw: bytes) -> _Column | None:
     try:
         groups = _strings.decode(raw)
-    except msgspec.DecodeError:
+    except _UNDECODABLE:
         return None
     if not all(_group_ok(g) for g in set(groups) if g):
         return None
@@ -310,7 +313,7 @@ class StepsDecoder:
     def _fast(self, raw: bytes) -> RankStep | None:
         try:
             m = _raw_steps.decode(raw)
-        except msgspec.DecodeError:
+        except _UNDECODABLE:
             return None
         if m.t_end_ns < m.t_start_ns:
             return None

@@ -10,7 +10,18 @@ from typing import Annotated, Literal
 
 import msgspec
 
-NonNeg = Annotated[int, msgspec.Meta(ge=0)]
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+# Every integer of an input ends up in a numpy int64 (the detectors) and a ClickHouse Int64:
+# one outside that range (JSON has no limit, msgspec goes up to 2**64 - 1) is refused here,
+# not met half-way through a diagnoser that has already changed part of its state.
+Int64 = Annotated[int, msgspec.Meta(ge=I64_MIN, le=I64_MAX)]
+NonNeg = Annotated[int, msgspec.Meta(ge=0, le=I64_MAX)]
+# A job's ranks are numbered below this (a million GPUs): per-rank state is sized by the
+# largest rank a job has shown, so a rank of 10**9 in one message is refused here rather
+# than grow every detector's arrays to that size.
+MAX_RANKS = 1 << 20
+Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS)]
+WorldSize = Annotated[int, msgspec.Meta(ge=0, le=MAX_RANKS)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 OpKind = Literal["compute", "coll", "p2p"]
 IncidentKind = Literal["gpu", "node", "host", "link", "switch", "hang", "job"]
@@ -51,11 +62,11 @@ class StepsV1(msgspec.Struct):
 
     v: Literal[1]
     job: Name
-    rank: NonNeg
+    rank: Rank
     node: Name
     step: NonNeg
-    t_start_ns: int
-    t_end_ns: int
+    t_start_ns: Int64
+    t_end_ns: Int64
     ops: Ops
     local_rank: NonNeg = 0
     coords: Coords | None = None
@@ -64,8 +75,8 @@ class StepsV1(msgspec.Struct):
 class InflightOp(msgspec.Struct):
     group: str
     name: str
-    seq: int
-    start_ns: int
+    seq: Int64
+    start_ns: Int64
 
 
 Frame = Annotated[str, msgspec.Meta(max_length=1000)]
@@ -84,9 +95,9 @@ class HeartbeatV1(msgspec.Struct):
 
     v: Literal[1]
     job: Name
-    rank: NonNeg
+    rank: Rank
     node: Name
-    ts_ns: int
+    ts_ns: Int64
     step: NonNeg
     inflight: list[InflightOp] = []
     # Additive in v1: set on a rank's last heartbeat when its process ended without saying
@@ -107,7 +118,7 @@ class HeartbeatV1(msgspec.Struct):
     # "blocked" (in uninterruptible kernel sleep for over a sample: a freezer the agent
     # cannot see, stuck I/O, a driver call).
     stacks: Annotated[list[ThreadStack], msgspec.Meta(max_length=128)] | None = None
-    stacks_ts_ns: int | None = None
+    stacks_ts_ns: Int64 | None = None
     proc_state: Literal["stopped", "frozen", "blocked"] | None = None
 
 
@@ -129,8 +140,8 @@ class JobV1(msgspec.Struct, omit_defaults=True):
     v: Literal[1]
     job: Name
     event: Literal["start", "end"]
-    ts_ns: int
-    world_size: NonNeg | None = None
+    ts_ns: Int64
+    world_size: WorldSize | None = None
     layout: Layout | None = None
     nodes: list[NodeInfo] | None = None
     # Additive in v1: the cluster's node → switch map as an agent found it (a topology file

@@ -21,6 +21,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import pyarrow as pa  # type: ignore[import-untyped]  # ships no type information
 from pydantic import SecretStr
 
+from schemas.redact import redact_url
+
 DEFAULT_DATABASE = "flare"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMORY = ("", "memory", ":memory:")
@@ -57,10 +59,15 @@ class ClickHouseURL:
         return f"{self.scheme}://{user}{self.host}{port}/{self.database}"
 
 
+def _bad(url: str, why: str) -> ValueError:
+    """A malformed URL, named without its password: the message reaches the terminal."""
+    return ValueError(f"ClickHouse URL {redact_url(url)!r}: {why}")
+
+
 def _database(name: str | None, url: str) -> str:
     name = name or DEFAULT_DATABASE
     if not _IDENT.match(name):
-        raise ValueError(f"ClickHouse URL {url!r}: database {name!r} is not a plain identifier")
+        raise _bad(url, f"database {name!r} is not a plain identifier")
     return name
 
 
@@ -78,10 +85,8 @@ def parse_url(url: str, password: str | SecretStr | None = None) -> ClickHouseUR
         if parts.netloc in _MEMORY and parts.path in ("", "/"):
             path = ":memory:"
         elif parts.netloc:
-            raise ValueError(
-                f"ClickHouse URL {url!r}: use chdb:///absolute/path, chdb:///./relative/path "
-                "or chdb://:memory: (three slashes before a path)"
-            )
+            raise _bad(url, "use chdb:///absolute/path, chdb:///./relative/path or "
+                       "chdb://:memory: (three slashes before a path)")
         else:
             path = unquote(parts.path)
             if path.startswith(("/./", "/../")):
@@ -89,11 +94,11 @@ def parse_url(url: str, password: str | SecretStr | None = None) -> ClickHouseUR
         return ClickHouseURL("chdb", _database(query.get("database", [None])[0], url), path=path)
     if parts.scheme in ("http", "https"):
         if not parts.hostname:
-            raise ValueError(f"ClickHouse URL {url!r}: no host")
+            raise _bad(url, "no host")
         try:
             port = parts.port
         except ValueError as exc:
-            raise ValueError(f"ClickHouse URL {url!r}: {exc}") from None
+            raise _bad(url, str(exc)) from None
         db = unquote(parts.path.strip("/")) or None
         return ClickHouseURL(
             parts.scheme,
@@ -103,10 +108,8 @@ def parse_url(url: str, password: str | SecretStr | None = None) -> ClickHouseUR
             username=unquote(parts.username) if parts.username else None,
             password=unquote(parts.password) if parts.password else secret,
         )
-    raise ValueError(
-        f"ClickHouse URL {url!r}: scheme must be chdb, http or https "
-        "(e.g. chdb:///./data/chdb or http://default@localhost:8123/flare)"
-    )
+    raise _bad(url, "scheme must be chdb, http or https "
+               "(e.g. chdb:///./data/chdb or http://default@localhost:8123/flare)")
 
 
 class ClickHouse:

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from storage.client import ClickHouse
-from storage.tables import DEAD_LETTERS, INCIDENTS, JOB_STEPS, RANK_STEPS, Column, Table
+from storage.tables import DEAD_LETTERS, INCIDENTS, JOB_STEPS, OPS, RANK_STEPS, Column, Table
 
 Row = dict[str, Any]
 RankSort = Literal["rank", "caused_wait", "compute_ratio", "gap"]
@@ -55,6 +55,7 @@ def select_list(columns: tuple[Column, ...]) -> str:
 INCIDENT_COLUMNS = read_columns(INCIDENTS, exclude=("version",))
 STEP_COLUMNS = read_columns(JOB_STEPS, exclude=("job",))
 DEAD_LETTER_COLUMNS = read_columns(DEAD_LETTERS)
+OP_COLUMNS = read_columns(OPS, exclude=("job",))  # raw ops: the job is the question
 STEP_FIELDS: tuple[tuple[str, Any], ...] = tuple((c.read_name, c.read_type) for c in STEP_COLUMNS)
 # Per-rank scores average every per-rank figure of rank_steps (its Float32 columns), and add
 # the total wait a rank caused and its lowest compute ratio.
@@ -67,6 +68,7 @@ RANK_SCORE_FIELDS: tuple[tuple[str, Any], ...] = (
 _INCIDENTS_SQL = select_list(INCIDENT_COLUMNS)
 _STEPS_SQL = select_list(STEP_COLUMNS)
 _DEAD_LETTERS_SQL = select_list(DEAD_LETTER_COLUMNS)
+_OPS_SQL = select_list(OP_COLUMNS)
 _RANK_SCORES_SQL = ", ".join([
     "r.rank AS rank", "any(r.node) AS node", "count() AS steps",
     *(f"round(avg(r.{c.name}), 6) AS {c.name}" for c in RANK_FIGURES),
@@ -148,6 +150,15 @@ class Reader(Protocol):
         limit: int = 10_000,
     ) -> list[Row]:
         """Per-rank figures (`RANK_SCORE_FIELDS`) over steps [from_step, to_step]."""
+
+    @abstractmethod
+    def op_steps(self, job: str, from_step: int, to_step: int, limit: int = 100) -> list[Row]:
+        """The steps in [from_step, to_step] whose raw ops are stored, as step and ops (their
+        count), in step order; see `Queries.op_steps`."""
+
+    @abstractmethod
+    def ops(self, job: str, steps: list[int], limit: int = 100_000) -> list[Row]:
+        """The stored raw ops (`OP_COLUMNS`) of these steps, by step, rank and ord."""
 
     @abstractmethod
     def dead_letters(self, *, topic: str | None = None, limit: int = 100) -> list[Row]:
@@ -328,6 +339,28 @@ class Queries(Reader):
             " WHERE r.job = {job:String} AND r.step >= {lo:UInt64} AND r.step <= {hi:UInt64}"
             f" GROUP BY rank ORDER BY {_RANK_ORDER[sort]} LIMIT {_int(limit)}",
             {"job": job, "lo": from_step, "hi": to_step},
+        )
+
+    # -- raw ops -----------------------------------------------------------------------------
+
+    def op_steps(self, job: str, from_step: int, to_step: int, limit: int = 100) -> list[Row]:
+        """The steps of a range whose raw ops are stored (the worker keeps irregular and
+        every Nth step, for 7 days), with how many ops each has: what a trace can show, and
+        how big it would be, before any op is read."""
+        return self.db.rows(
+            f"SELECT step, count() AS ops FROM {self.db.table('ops')} FINAL"
+            " WHERE job = {job:String} AND step >= {lo:UInt64} AND step <= {hi:UInt64}"
+            f" GROUP BY step ORDER BY step LIMIT {_int(limit)}",
+            {"job": job, "lo": from_step, "hi": to_step},
+        )
+
+    def ops(self, job: str, steps: list[int], limit: int = 100_000) -> list[Row]:
+        """The raw ops of some steps of a job, by step, rank and position (a trace's input)."""
+        return self.db.rows(
+            f"SELECT {_OPS_SQL} FROM {self.db.table('ops')} FINAL"
+            " WHERE job = {job:String} AND step IN {steps:Array(UInt64)}"
+            f" ORDER BY step, rank, ord LIMIT {_int(limit)}",
+            {"job": job, "steps": steps},
         )
 
     # -- dead letters ------------------------------------------------------------------------

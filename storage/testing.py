@@ -25,6 +25,7 @@ from storage.client import StorageError
 from storage.reader import (
     DEAD_LETTER_COLUMNS,
     INCIDENT_COLUMNS,
+    OP_COLUMNS,
     RANK_FIGURES,
     STEP_COLUMNS,
     RankSort,
@@ -32,7 +33,17 @@ from storage.reader import (
     Row,
     incident_from_row,
 )
-from storage.tables import BY_NAME, DEAD_LETTERS, INCIDENTS, JOB_STEPS, Column, Table
+from storage.tables import (
+    BY_NAME,
+    DEAD_LETTERS,
+    INCIDENTS,
+    JOB_STEPS,
+    OPS,
+    Column,
+    Interned,
+    OpRows,
+    Table,
+)
 
 if TYPE_CHECKING:
     from storage.writer import Sink
@@ -45,12 +56,22 @@ def step_ts(step: int) -> int:
     return T0_NS + step * STEP_NS
 
 
-def make_frame(job: str, step: int, n_ranks: int = 4, ops_per_rank: int = 2) -> StepFrame:
-    """Two ranks per node; each rank: one compute op, then all_reduces on dp.0."""
+def make_frame(
+    job: str, step: int, n_ranks: int = 4, ops_per_rank: int = 2, slow_rank: int | None = None
+) -> StepFrame:
+    """Two ranks per node; each rank: one compute op (900 ns), then all_reduces on dp.0, one
+    per µs. `slow_rank` computes 450 ns longer, so its later ops start 450 ns later and the
+    others' first all_reduce waits for it: every copy of that all_reduce ends together."""
     rank = np.arange(n_ranks, dtype=np.int64)
     n = n_ranks * ops_per_rank
     kinds = np.tile(np.array([COMPUTE] + [COLL] * (ops_per_rank - 1), np.uint8), n_ranks)
     per_op = np.arange(ops_per_rank, dtype=np.int64)
+    start = np.tile(per_op * 1000, (n_ranks, 1))
+    dur = np.full((n_ranks, ops_per_rank), 900, np.int64)
+    if slow_rank is not None and ops_per_rank > 1:
+        dur[slow_rank, 0] += 450
+        start[slow_rank, 1:] += 450
+        dur[np.arange(n_ranks) != slow_rank, 1] += 450
     return StepFrame(
         job=job, step=step, rank=rank, node=(rank // 2).astype(np.int32),
         nodes=[f"node-{i}" for i in range((n_ranks + 1) // 2)] + ["node-unused"],
@@ -61,7 +82,7 @@ def make_frame(job: str, step: int, n_ranks: int = 4, ops_per_rank: int = 2) -> 
         off=np.arange(0, n + 1, ops_per_rank, dtype=np.int64),
         op_kind=kinds, op_name=np.tile(per_op.astype(np.int32), n_ranks),
         op_group=(kinds == COLL).astype(np.int32), op_seq=np.tile(per_op, n_ranks) + 100 * step,
-        op_start_ns=np.tile(per_op * 1000, n_ranks), op_dur_ns=np.full(n, 900, np.int64),
+        op_start_ns=start.ravel(), op_dur_ns=dur.ravel(),
         op_bytes=np.where(kinds == COLL, 1 << 20, 0).astype(np.int64),
         names=["fwd", "all_reduce", "bwd", "optimizer"][:ops_per_rank]
         + [f"op{i}" for i in range(4, ops_per_rank)],
@@ -100,7 +121,7 @@ def make_report(
             transfer_ratio=np.array([1.0, 1.0]),
         ),
         detections=detections or [],
-        frame=make_frame(job, step, n_ranks) if with_frame else None,
+        frame=make_frame(job, step, n_ranks, slow_rank=slow_rank) if with_frame else None,
     )
 
 
@@ -138,7 +159,9 @@ SAMPLE_JOB = "team/gpt-r7"  # a job id with a slash: routes must still find it
 def load_sample(sink: Sink | MemoryStore) -> None:
     """Three jobs, written and flushed. SAMPLE_JOB: 60 steps, rank 1 slow from step 30 (an
     open gpu incident), a spike at 45 and an old resolved link incident; "quiet": 10 steps
-    ending in a spike; "many": 3 steps and 7 resolved incidents (two opened at step 100)."""
+    ending in a spike; "many": 3 steps and 7 resolved incidents (two opened at step 100).
+    SAMPLE_JOB's raw ops are kept as the worker keeps them: for its irregular steps (30-59)
+    and every 100th (step 0), none for the link incident's steps 5-20."""
     for step in range(60):
         slow = step >= 30
         sink.add_report(make_report(
@@ -146,6 +169,7 @@ def load_sample(sink: Sink | MemoryStore) -> None:
             step_time_s=1.5 if step == 45 else (1.2 if slow else 1.0),
             irregular="spike" if step == 45 else ("persistent" if slow else "normal"),
             detections=[Detection("rank:1", "gpu", 6.0, 0.2)] if slow else [],
+            with_frame=slow or step == 0,
         ))
     for step in range(10):
         sink.add_report(make_report("quiet", step, irregular="spike" if step == 9 else "normal"))
@@ -191,7 +215,7 @@ def _read(row: Row, columns: Iterable[Column]) -> Row:
             for c in columns}
 
 
-# The rows the Sink writes of one report, per table the reader reads (ops are never read).
+# The rows the Sink writes of one report, per table the reader reads (ops: from the frame).
 _REPORT_ROWS: tuple[tuple[str, Callable[[StepReport], int]], ...] = (
     ("job_steps", lambda r: 1), ("rank_steps", lambda r: len(r.ranks.rank)),
     ("group_steps", lambda r: len(r.groups.group)), ("detections", lambda r: len(r.detections)),
@@ -265,6 +289,8 @@ class MemoryStore(Reader):
                 if isinstance(item, StepReport):
                     for name, n in _REPORT_ROWS:
                         self._put(BY_NAME[name], n(item), item)
+                    if item.frame is not None and item.frame.n_ops:
+                        self._put(OPS, item.frame.n_ops, OpRows.of(item))
                 else:
                     self._put(INCIDENTS if isinstance(item, IncidentV1) else DEAD_LETTERS, 1,
                               [item])
@@ -276,7 +302,9 @@ class MemoryStore(Reader):
         columns = []
         for c in table.written:
             value, convert = c.take(root), _stored_value(c.type)
-            if isinstance(value, str) or np.ndim(value) == 0:
+            if isinstance(value, Interned):  # codes into a string table, as the writer sends
+                value = [value.table[code] for code in value.codes]
+            elif isinstance(value, str) or np.ndim(value) == 0:
                 value = [value] * n
             columns.append([convert(v) for v in value])
         rows = self._tables[table.name]
@@ -388,6 +416,19 @@ class MemoryStore(Reader):
             scores.append(score)
         scores.sort(key=_RANK_KEYS[sort])
         return scores[:limit]
+
+    def op_steps(self, job: str, from_step: int, to_step: int, limit: int = 100) -> list[Row]:
+        count: dict[int, int] = defaultdict(int)
+        for r in self._rows(OPS):
+            if r["job"] == job and from_step <= r["step"] <= to_step:
+                count[r["step"]] += 1
+        return [{"step": step, "ops": count[step]} for step in sorted(count)[:limit]]
+
+    def ops(self, job: str, steps: list[int], limit: int = 100_000) -> list[Row]:
+        wanted = set(steps)
+        rows = sorted((r for r in self._rows(OPS) if r["job"] == job and r["step"] in wanted),
+                      key=lambda r: (r["step"], r["rank"], r["ord"]))
+        return [_read(r, OP_COLUMNS) for r in rows[:limit]]
 
     def dead_letters(self, *, topic: str | None = None, limit: int = 100) -> list[Row]:
         rows = sorted((r for r in self._rows(DEAD_LETTERS) if topic is None or r["topic"] == topic),

@@ -19,6 +19,8 @@ repeats the open alerts. The HTTP side is one narrow seam (`Post`), faked in the
  ('severity', 'critical')]
 >>> alert["annotations"]["url"]
 'http://flare:8000/v1/incidents/team/gpt/gpu/rank:3/10'
+>>> alert["annotations"]["page"]
+'http://flare:8000/incidents/team/gpt/gpu/rank:3/10'
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from urllib.parse import quote
 import msgspec
 
 from schemas.clock import NS_PER_S, NanoClock
+from schemas.redact import redact_url
 from schemas.wire import IncidentV1
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,11 @@ def incident_url(base_url: str, inc: IncidentV1) -> str:
     return f"{base_url.rstrip('/')}/v1/incidents/{quote(inc.id, safe='/:')}"
 
 
+def page_url(base_url: str, inc: IncidentV1) -> str:
+    """The incident's page for a person (HTML with its plots, served by the API)."""
+    return f"{base_url.rstrip('/')}/incidents/{quote(inc.id, safe='/:')}"
+
+
 def alertmanager_alert(inc: IncidentV1, base_url: str, now_ns: int, expires_s: float
                        ) -> dict[str, Any]:
     """The Alertmanager v2 `postableAlert` of one incident state at `now_ns`."""
@@ -78,7 +86,7 @@ def alertmanager_alert(inc: IncidentV1, base_url: str, now_ns: int, expires_s: f
         "labels": {"alertname": ALERTNAME, "job": inc.job, "kind": inc.kind,
                    "culprit": inc.culprit, "severity": severity(inc)},
         "annotations": {"summary": inc.summary, "cost": cost_text(inc), "url": url,
-                        "incident_id": inc.id},
+                        "page": page_url(base_url, inc), "incident_id": inc.id},
         "startsAt": _rfc3339(min(inc.opened_ts_ns, now_ns)),
         "endsAt": _rfc3339(ends),
         "generatorURL": url,
@@ -162,23 +170,31 @@ class Notifier:
             self.stats.webhook_failed += 1
 
     async def _post(self, url: str, body: bytes) -> bool:
+        # what the logs and the stats name: a receiver's URL can hold its credentials (user,
+        # password, or a webhook's token in its path), so only scheme, host and port show
+        shown = redact_url(url, opaque=True)
         try:
             status = await self.post(url, body)
         except Exception as exc:  # an unreachable Alertmanager must not stop the worker
-            self.stats.last_error = f"{url}: {type(exc).__name__}: {exc}"
+            why = str(exc).replace(url, shown)
+            self.stats.last_error = f"{shown}: {type(exc).__name__}: {why}"
             log.warning("could not deliver an alert: %s", self.stats.last_error)
             return False
         if status >= 300:
-            self.stats.last_error = f"{url}: HTTP {status}"
+            self.stats.last_error = f"{shown}: HTTP {status}"
             log.warning("alert delivery refused: %s", self.stats.last_error)
             return False
         return True
 
 
 def httpx_post(timeout_s: float = 5.0) -> Post:
-    """The real `Post`: one shared async httpx client, JSON bodies."""
+    """The real `Post`: one shared async httpx client, JSON bodies.
+
+    httpx logs every request's full URL at INFO, credentials and webhook token included;
+    its logger is held to warnings, so a worker at FLARE_LOG_LEVEL=info leaks neither."""
     import httpx
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     client = httpx.AsyncClient(timeout=timeout_s)
 
     async def post(url: str, body: bytes) -> int:

@@ -175,6 +175,10 @@ class JobRouter:
         except InvalidMessage as exc:
             return self._dead(topic, partition, offset, cause_of(exc.field), invalid_reason(exc),
                               value, count=count)
+        except Exception as exc:  # a decoder bug must not take the batch's other records down
+            log.exception("decoding %s[%d]@%d failed", topic, partition, offset)
+            reason = f"{INTERNAL}: the decoder raised {type(exc).__name__}: {exc}"
+            return self._dead(topic, partition, offset, INTERNAL, reason, value, count=count)
         job = msg.job
         if key is None or key != job.encode("utf-8"):
             shown = "missing" if key is None else repr(key.decode("utf-8", "replace"))
@@ -191,6 +195,9 @@ class JobRouter:
         now = self._now_ns()
         try:
             out = feed(state.diagnoser, msg)
+        except InvalidMessage as exc:  # valid alone, not for its job (a rank past its world)
+            return self._dead(d.topic, d.partition, d.offset, cause_of(exc.field),
+                              invalid_reason(exc), d.payload, job, count)
         except Exception as exc:  # a detector bug must not kill the worker nor lose the input
             log.exception("diagnoser of job %s failed on %s[%d]@%d", job, d.topic, d.partition,
                           d.offset)

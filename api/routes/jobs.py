@@ -112,7 +112,7 @@ def job_ranks(
     return RankScores(job=job, from_step=lo, to_step=hi, ranks=rows)
 
 
-@router.get("/{job:path}", response_model=JobHealth, responses=responses(404, 503))
+@router.get("/{job:path}", response_model=JobHealth, responses=responses(404, 422, 503))
 def get_job(job: str, store: StoreDep) -> JobHealth:
     """One job's health: newest step, its time and δ, open incidents."""
     row = store.job(job)

@@ -39,11 +39,13 @@ def register(app: typer.Typer) -> None:
             "empty ClickHouse works (a changed, already applied migration exits 1)"
         ),
     ) -> None:
-        """Serve /v1 incidents, jobs, steps and ranks, /healthz, /readyz and /openapi.json."""
+        """Serve /v1 incidents, jobs, steps and ranks, /healthz, /readyz and /openapi.json
+        (/v1 needs FLARE_API_KEY in X-API-Key when it is set)."""
         import uvicorn
 
         from api.app import create_app
         from flare.settings import Settings
+        from storage.adhoc import open_readonly
         from storage.client import StorageError, connect_when_ready
         from storage.migrations import apply_schema
         from storage.reader import Queries
@@ -62,6 +64,7 @@ def register(app: typer.Typer) -> None:
         try:
             if migrate:
                 apply_schema(db)
+            sql = open_readonly(settings.clickhouse_url, settings.clickhouse_password)
         except StorageError as exc:  # MigrationError too: a shipped migration was changed
             db.close()  # frees an embedded engine's data directory
             typer.echo(f"flare api: {exc}", err=True)
@@ -73,10 +76,11 @@ def register(app: typer.Typer) -> None:
         )
         try:
             uvicorn.run(
-                create_app(Queries(db)),
+                create_app(Queries(db), api_key=settings.api_key, sql=sql),
                 host=settings.api_host,
                 port=settings.api_port,
                 log_level=UVICORN_LEVELS.get(settings.log_level, "warning"),
             )
         finally:
+            sql.close()
             db.close()

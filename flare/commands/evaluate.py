@@ -65,7 +65,11 @@ def register(app: typer.Typer) -> None:
         clean_steps: int = typer.Option(10_000, min=0, help="clean steps in total"),
         jobs: int = typer.Option(2, min=1, help="worker processes"),
         families: str = typer.Option("", help="only these fault families (comma-separated)"),
-        json_out: Path | None = typer.Option(None, "--json", help="write results as JSON"),
+        as_json: bool = typer.Option(
+            False, "--json", help="print the results as JSON (the document --out writes) "
+            "instead of the tables"),
+        out: Path | None = typer.Option(None, "--out", dir_okay=False,
+                                        help="also write the results as JSON to this file"),
         conditions: str = typer.Option("", help=_CONDITIONS_HELP),
         heartbeats: str | None = typer.Option(
             None,
@@ -118,7 +122,9 @@ def register(app: typer.Typer) -> None:
         doc = summarize_results(results, sizes, seeds, cond_names)
         title = f"flare eval --gpus {gpus} --seeds {seeds}"
         width = max(Console().width, 150)  # every column unclipped, cost ones included
-        if cond_names:
+        if as_json:
+            typer.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        elif cond_names:
             _print_conditions(doc, title + f" --conditions {conditions}", width)
         else:
             _print_families(doc, title, width)
@@ -127,8 +133,12 @@ def register(app: typer.Typer) -> None:
                 f"[red]{len(doc['errors'])} run(s) crashed[/red] (scored up to the crash), "
                 f"first: {doc['errors'][0]['name']}: {doc['errors'][0]['error']}"
             )
-        if json_out:
-            json_out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        if out:
+            try:
+                out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+            except OSError as exc:
+                typer.echo(f"error: cannot write {out}: {exc.strerror}", err=True)
+                raise typer.Exit(2) from None
 
 
 def _run(scen: list, jobs: int, names: list[str] | None) -> list:

@@ -47,30 +47,29 @@ def register(app: typer.Typer) -> None:
         import httpx
         import orjson
 
+        from flare.api_client import api_client, api_url, error_detail
         from flare.settings import Settings
 
         if status is not None and status not in ("open", "resolved"):
             raise typer.BadParameter("must be open or resolved", param_hint="--status")
         if kind is not None and kind not in KINDS:
             raise typer.BadParameter(f"must be one of {', '.join(KINDS)}", param_hint="--kind")
-        if api is None:
-            s = Settings()
-            api = f"http://{s.api_host}:{s.api_port}"
+        settings = Settings()
+        api = api_url(settings, api)
         params: dict[str, Any] = {k: v for k, v in
                                   (("job", job), ("status", status), ("kind", kind)) if v}
         items: list[dict[str, Any]] = []
         cursor = None
         try:
-            with httpx.Client(base_url=api, timeout=10.0) as client:
+            with api_client(settings, api) as client:
                 while len(items) < limit:
                     page_params = {**params, "limit": min(1000, limit - len(items))}
                     if cursor:
                         page_params["cursor"] = cursor
                     r = client.get("/v1/incidents", params=page_params)
                     if r.status_code != 200:
-                        detail = r.json().get("detail", r.text) if r.content else r.text
-                        typer.echo(f"flare incidents: {api} answered {r.status_code}: {detail}",
-                                   err=True)
+                        typer.echo(f"flare incidents: {api} answered {r.status_code}: "
+                                   f"{error_detail(r)}", err=True)
                         raise typer.Exit(2)
                     page = r.json()
                     items += page["items"]

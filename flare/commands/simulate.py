@@ -5,8 +5,35 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
+
+
+def truth_line(truth: dict[str, Any]) -> str:
+    """The ground truth in one line (`--json` prints it whole).
+
+    >>> print(truth_line({"job": "j", "family": "nic", "kind": "link", "culprit": "node:n-3",
+    ...                   "onset_step": 50, "severity": 3.0, "gpus": 64, "steps": 200}))
+    truth: nic ×3 on node:n-3 (link) from step 50; job j, 64 GPUs, 200 steps
+    >>> print(truth_line({"job": "j", "family": None, "gpus": 8, "steps": 3}))
+    truth: a clean run; job j, 8 GPUs, 3 steps
+    """
+    def fault(t: dict[str, Any]) -> str:
+        return (f"{t['family']} ×{t['severity']:g} on {t['culprit']} ({t['kind']}) from step "
+                f"{t['onset_step']}")
+
+    what = fault(truth) if truth.get("family") else "a clean run"
+    if truth.get("second"):
+        what += f", and {fault(truth['second'])}"
+    return f"truth: {what}; job {truth['job']}, {truth['gpus']} GPUs, {truth['steps']} steps"
+
+
+def _print_truth(truth: dict[str, Any], as_json: bool) -> None:
+    import orjson
+
+    typer.echo(orjson.dumps(truth, option=orjson.OPT_INDENT_2).decode() if as_json
+               else truth_line(truth))
 
 
 def register(app: typer.Typer) -> None:
@@ -60,9 +87,10 @@ def register(app: typer.Typer) -> None:
         speed: float = typer.Option(
             1.0, min=0.0001, help="with --bootstrap: X times real time (0: no pacing)"
         ),
+        as_json: bool = typer.Option(
+            False, "--json", help="print the ground truth as JSON (as run.truth.json)"),
     ) -> None:
         """Simulate a training job with an optional fault; write the recording and its truth."""
-        import orjson
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -108,6 +136,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
 
         if bootstrap:
+            _print_truth(sim.truth.to_dict(), as_json)  # what the live run will show
             _publish_live(sim, bootstrap, speed, console)
             return
         with Progress(
@@ -120,7 +149,7 @@ def register(app: typer.Typer) -> None:
             )
             progress.update(task, completed=steps)
         console.print(f"wrote {out} and {truth_path(out)}")
-        typer.echo(orjson.dumps(truth.to_dict(), option=orjson.OPT_INDENT_2).decode())
+        _print_truth(truth.to_dict(), as_json)
 
 
 def _publish_live(sim, bootstrap: str, speed: float, console) -> None:  # noqa: ANN001

@@ -61,6 +61,26 @@ def follow_line(inc: dict, printed: dict[str, float]) -> str | None:
     return None
 
 
+def incident_output(inc: dict, printed: dict[str, float], as_json: bool) -> str | None:
+    """What `flare up` prints for one incident state, at the moments `follow_line` says:
+    that line, or with --json the state itself as one line of JSON (JSON Lines: the
+    incident v1 the worker published, its `status` telling an opening from a resolution).
+
+    >>> seen: dict[str, float] = {}
+    >>> inc = {"id": "a", "culprit": "rank:3", "status": "open", "lost_gpu_seconds": 9.0}
+    >>> incident_output(inc, seen, as_json=True)
+    '{"id":"a","culprit":"rank:3","status":"open","lost_gpu_seconds":9.0}'
+    >>> incident_output(inc, seen, as_json=True) is None  # nothing new
+    True
+    """
+    import orjson
+
+    line = follow_line(inc, printed)
+    if line is None or not as_json:
+        return line
+    return orjson.dumps(inc).decode()
+
+
 def cost_phrase(inc: dict) -> str:
     """What an incident has cost so far, in the unit an SRE compares with a budget: GPU-hours
     once there is a tenth of one, GPU-seconds before.
@@ -109,6 +129,9 @@ def register(app: typer.Typer) -> None:
             False, "--exit-after-incident", help="stop everything after the first incident"),
         timeout: float | None = typer.Option(
             None, min=1.0, help="give up (exit 3) if no incident opened within this many s"),
+        as_json: bool = typer.Option(
+            False, "--json", help="print each incident state as one line of JSON (JSON "
+            "Lines, when a line would be printed); progress goes to stderr"),
     ) -> None:
         """Start broker, topics, worker + API (and a simulated cluster); print incidents."""
         import orjson
@@ -142,8 +165,8 @@ def register(app: typer.Typer) -> None:
         children: list[Child] = []
         broker: TansuBroker | None = None
 
-        def say(text: str) -> None:
-            typer.echo(f"[{time.strftime('%H:%M:%S')}] {text}")
+        def say(text: str) -> None:  # with --json, stdout is the incidents' alone
+            typer.echo(f"[{time.strftime('%H:%M:%S')}] {text}", err=as_json)
 
         def shutdown() -> None:
             for child in reversed(children):
@@ -195,8 +218,10 @@ def register(app: typer.Typer) -> None:
                         inc = orjson.loads(m.value or b"")
                     except orjson.JSONDecodeError:
                         continue
-                    line = follow_line(inc, printed)
-                    if line is not None:
+                    line = incident_output(inc, printed, as_json)
+                    if line is not None and as_json:
+                        typer.echo(line)
+                    elif line is not None:
                         say(line)
                     if inc.get("status") == "open":
                         seen.add(str(inc.get("id")))

@@ -21,6 +21,9 @@ from flare import __version__
 from flare.settings import Settings
 
 if TYPE_CHECKING:
+    from pydantic import SecretStr
+
+    from storage.adhoc import ReadOnlySQL
     from streams.worker import WorkerConfig
 
 log = logging.getLogger("flare.worker")
@@ -55,16 +58,19 @@ def notifier(settings: Settings) -> Any:
     return Notifier(targets, httpx_post(), time.time_ns) if targets.enabled else None
 
 
-def build_api(db: Any, pipeline: Any) -> Any:
+def build_api(db: Any, pipeline: Any, api_key: SecretStr | None = None,
+              sql: ReadOnlySQL | None = None) -> Any:
     """The FastAPI app over `db`, with readiness from the pipeline's watchdog and the
-    worker's own counters at /worker/stats."""
+    worker's own counters at /worker/stats (open like /metrics: counters, no job's data;
+    /v1 needs `api_key` when one is set), and POST /v1/sql over `sql`, a read-only session
+    (`storage.adhoc`): the worker owns an embedded store, so SQL reaches it only here."""
     from api.app import create_app
 
     def ready() -> tuple[bool, str]:
         r = pipeline.readiness()
         return r.ready, r.reason
 
-    app = create_app(db, ready, more_metrics=pipeline.metrics_text)
+    app = create_app(db, ready, more_metrics=pipeline.metrics_text, api_key=api_key, sql=sql)
 
     @app.get("/worker/stats", tags=["health"])
     async def worker_stats() -> dict[str, Any]:
@@ -81,6 +87,7 @@ def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> No
     from detectors.diagnoser import JobDiagnoser
     from flare.local.broker import wait_for_broker
     from flare.settings import DetectorSettings
+    from storage.adhoc import open_readonly
     from storage.client import connect_when_ready
     from storage.migrations import apply_schema
     from storage.writer import Sink
@@ -106,8 +113,11 @@ def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> No
         version=__version__,
     )
     api = None
+    sql = None
     if serve_api:
-        api = ApiServer(build_api(db, pipeline), settings.api_host, settings.api_port)
+        sql = open_readonly(settings.clickhouse_url, settings.clickhouse_password)
+        api = ApiServer(build_api(db, pipeline, settings.api_key, sql), settings.api_host,
+                        settings.api_port)
     if not quiet:
         where = f", API on http://{settings.api_host}:{settings.api_port}" if api else ""
         typer.echo(f"flare worker: Kafka {conn.bootstrap}, ClickHouse {db.location}{where}",
@@ -118,6 +128,8 @@ def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> No
                             api=api, notifier=notifier(settings))
             run_faust(app, loglevel=settings.log_level, quiet=quiet)
     finally:
+        if sql is not None:
+            sql.close()
         db.close()
 
 

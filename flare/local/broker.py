@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -144,11 +144,15 @@ class TansuBroker:
         self.stop()
 
 
-def tansu_argv(host: str, port: int) -> list[str]:
-    """The command line of a tansu broker on host:port, in memory (nothing left on disk)."""
+MEMORY = "memory://tansu/"
+
+
+def tansu_argv(host: str, port: int, storage: str = MEMORY) -> list[str]:
+    """The command line of a tansu broker on host:port; in memory by default (nothing left
+    on disk), or on `storage` (`s3://bucket/`, what survives a broker restart)."""
     url = f"tcp://{host}:{port}"
     return [str(tansu_binary()), "broker", "--listener-url", url,
-            "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]
+            "--advertised-listener-url", url, "--storage-engine", storage]
 
 
 def start_tansu(
@@ -157,8 +161,11 @@ def start_tansu(
     host: str = "127.0.0.1",
     log_path: Path | None = None,
     timeout_s: float = 20.0,
+    storage: str = MEMORY,
+    env: Mapping[str, str] | None = None,
 ) -> TansuBroker:
-    """Start tansu (memory storage) on host:port and return once it answers.
+    """Start tansu on host:port and return once it answers: memory storage, or `storage`
+    with `env` added to ours (an S3 store's endpoint and keys, as tansu reads them).
 
     Raises BrokerError, with the broker's last log lines, if the port is taken or the broker
     exits or stays silent; the process is killed in every failure path.
@@ -168,7 +175,7 @@ def start_tansu(
             f"port {port} on {host} is already in use; stop what listens there, or set "
             "FLARE_KAFKA_PORT to another port, or FLARE_KAFKA_BOOTSTRAP to use that broker"
         )
-    cmd = tansu_argv(host, port)
+    cmd = tansu_argv(host, port, storage)
     out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
         process = subprocess.Popen(
@@ -176,6 +183,7 @@ def start_tansu(
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **env} if env else None,
             preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )
     finally:

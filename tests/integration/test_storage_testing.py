@@ -98,6 +98,12 @@ READS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("rank_scores", (SAMPLE_JOB, 25, 34), {"sort": "compute_ratio", "limit": 2}),
     ("rank_scores", (SAMPLE_JOB, 0, 59), {"sort": "gap"}),
     ("rank_scores", (SAMPLE_JOB, 999, 1000), {}),
+    ("op_steps", (SAMPLE_JOB, 0, 59), {}),
+    ("op_steps", (SAMPLE_JOB, 29, 59), {"limit": 3}),
+    ("op_steps", (SAMPLE_JOB, 5, 20), {}),
+    ("ops", (SAMPLE_JOB, [0, 45, 59]), {}),
+    ("ops", (SAMPLE_JOB, [31, 30]), {"limit": 5}),
+    ("ops", ("quiet", [9]), {}),
     ("dead_letters", (), {}),
     ("dead_letters", (), {"topic": "flare.steps.v1", "limit": 1}),
 ]
@@ -111,5 +117,5 @@ def test_memory_store_answers_as_clickhouse_does(
     real, fake = stores
     expected = getattr(real, method)(*args, **kwargs)
     assert expected not in ([], None) or method in ("incident", "job", "last_step",
-                                                    "rank_scores")
+                                                    "rank_scores", "op_steps", "ops")
     assert same(getattr(fake, method)(*args, **kwargs)) == same(expected)

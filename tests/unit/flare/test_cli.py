@@ -71,11 +71,13 @@ def test_eval_json_has_the_documented_shape(tmp_path):
             "--families",
             "slow_gpu,nic",
             "--json",
+            "--out",
             str(out),
         ],
     )
     assert r.exit_code == 0, r.output
     doc = json.loads(out.read_text())
+    assert json.loads(r.stdout) == doc  # --json prints what --out writes, and no table
     keys = set(COLS)  # every column the table prints is in the JSON
     assert keys <= set(doc["overall"])
     assert {"slow_gpu", "nic", "clean"} <= set(doc["families"])
@@ -119,7 +121,7 @@ def test_eval_conditions_add_a_row_and_a_json_part_per_condition(tmp_path):
     r = runner.invoke(
         app,
         ["eval", "--gpus", "64", "--clean-steps", "0", "--jobs", "1", "--families",
-         "straggler", "--conditions", "base,step30+tp0", "--json", str(out)],
+         "straggler", "--conditions", "base,step30+tp0", "--out", str(out)],
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     doc = json.loads(out.read_text())

@@ -60,3 +60,70 @@ def test_compose_runs_kafka_clickhouse_workers_api_replicas_and_monitoring() -> 
     assert services["worker"]["environment"]["FLARE_API_HOST"] == "0.0.0.0"
     assert services["worker"]["environment"]["FLARE_ALERTMANAGER_URL"] == (
         "http://alertmanager:9093")
+
+
+def services(env: dict[str, str] | None = None) -> dict[str, dict]:
+    """The services as compose resolves them (defaults filled in), from a clean environment
+    unless `env` is given."""
+    result = config("--format", "json", env={"PATH": "/usr/bin:/bin", **(env or {})})
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout)["services"])
+
+
+def test_every_service_has_a_health_check_and_a_restart_policy() -> None:
+    for name, service in services().items():
+        assert service.get("restart") in ("unless-stopped", "always"), name
+        check = service.get("healthcheck", {})
+        assert check.get("test") and not check.get("disable"), name
+        assert check["test"][0] in ("CMD", "CMD-SHELL"), name
+        assert check.get("interval") and check.get("retries"), name
+
+
+def test_kafka_keeps_its_log_on_its_named_volume() -> None:
+    kafka = services()["kafka"]
+    log_dirs = kafka["environment"]["KAFKA_LOG_DIRS"]
+    mounts = {m["target"]: m for m in kafka["volumes"]}
+    assert log_dirs.split(",") == ["/var/lib/kafka/data"]
+    assert mounts[log_dirs]["type"] == "volume" and mounts[log_dirs]["source"] == "kafka-data"
+
+
+def test_the_workers_stats_and_metrics_are_reachable_from_outside_their_containers() -> None:
+    worker = services()["worker"]
+    env = worker["environment"]
+    assert env["FLARE_API_HOST"] == "0.0.0.0"  # not loopback: other containers and the host
+    (port,) = worker["ports"]
+    assert port["target"] == int(env["FLARE_API_PORT"]) == 8000
+    assert port["published"] == "8100-8109"  # a range: one host port per replica
+    scaled = services({"FLARE_WORKER_PORTS": "9100-9131", "FLARE_WORKERS": "32"})["worker"]
+    assert scaled["ports"][0]["published"] == "9100-9131"
+    # the health check asks the worker's own API where it listens
+    assert f"127.0.0.1:{env['FLARE_API_PORT']}/readyz" in " ".join(worker["healthcheck"]["test"])
+
+
+def test_the_api_key_reaches_every_flare_process_and_is_off_by_default() -> None:
+    for name in ("worker", "api"):
+        assert services()[name]["environment"]["FLARE_API_KEY"] == ""
+        keyed = services({"FLARE_API_KEY": "k-1"})[name]["environment"]
+        assert keyed["FLARE_API_KEY"] == "k-1", name
+
+
+def test_grafana_reads_as_the_read_only_user_and_never_holds_the_writers_password() -> None:
+    import re
+    import xml.etree.ElementTree as ET
+
+    svc = services({"FLARE_CLICKHOUSE_PASSWORD": "writer-pw",
+                    "FLARE_CLICKHOUSE_DASHBOARDS_PASSWORD": "reader-pw"})
+    clickhouse, grafana = svc["clickhouse"], svc["grafana"]
+    users = {m["target"]: Path(m["source"]) for m in clickhouse["volumes"] if m["type"] == "bind"}
+    xml_file = users["/etc/clickhouse-server/users.d/dashboards.xml"]
+    assert xml_file.is_file()  # a missing file would be mounted as an empty directory
+    assert users["/etc/clickhouse-server/config.d/access-control.xml"].is_file()
+    (user,) = ET.parse(xml_file).getroot().find("users")  # type: ignore[union-attr]
+    password_var = user.find("password").get("from_env")  # type: ignore[union-attr]
+    assert clickhouse["environment"][password_var] == "reader-pw"
+    assert grafana["environment"][password_var] == "reader-pw"
+    assert "writer-pw" not in json.dumps(grafana)
+    datasource = (ROOT / "infra/grafana/provisioning/datasources/flare.yml").read_text()
+    assert re.findall(r"^\s+username: (\S+)$", datasource, re.M) == [user.tag] == ["dashboards"]
+    assert re.findall(r"^\s+password: (\S+)$", datasource, re.M) == [f"${password_var}"]
+    assert clickhouse["environment"]["CLICKHOUSE_USER"] != user.tag

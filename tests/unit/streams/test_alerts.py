@@ -47,6 +47,7 @@ def test_an_incident_is_an_alert_re_sent_while_open_and_ended_on_resolve() -> No
     assert alert["labels"] == {"alertname": "FlareIncident", "job": "j", "kind": "gpu",
                                "culprit": "rank:3", "severity": "critical"}
     assert alert["annotations"]["url"] == "http://flare:8000/v1/incidents/j/gpu/rank:3/10"
+    assert alert["annotations"]["page"] == "http://flare:8000/incidents/j/gpu/rank:3/10"
     assert "slower" in alert["annotations"]["cost"] and alert["annotations"]["summary"]
     assert alert["endsAt"] > alert["startsAt"]  # active for a few re-sends ahead
     post.calls.clear()

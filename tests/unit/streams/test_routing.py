@@ -195,3 +195,28 @@ def test_heartbeats_and_job_events_get_the_steps_decoders_size_limit() -> None:
         with pytest.raises(InvalidMessage, match="exceeds the 50-byte limit"):
             decode_input(topic, raw, small)
     assert isinstance(decode_input(HEARTBEATS, hb_msg(), StepsDecoder()), HeartbeatV1)
+
+
+def test_a_rank_outside_the_jobs_declared_world_is_a_dead_letter_not_state() -> None:
+    """Valid alone, but not for its job: a rank past the start event's world_size would size
+    every detector's per-rank arrays (a real diagnoser here, not the fake)."""
+    made: dict[str, JobDiagnoser] = {}
+
+    def make(job: str) -> JobDiagnoser:
+        made[job] = JobDiagnoser(job)
+        return made[job]
+
+    router = JobRouter(make, max_message_bytes=10_000, now_ns=clock(), idle_evict_s=60.0)
+    assert router.handle(JOBS, 0, 0, b"j1", job_msg()).dead_letter is None  # world_size 2
+    assert router.handle(STEPS, 0, 1, b"j1", step_msg(rank=1)).dead_letter is None
+    far = orjson.dumps({"v": 1, "job": "j1", "rank": 1_000_000, "node": "n0", "ts_ns": T0,
+                        "step": 1, "inflight": []})
+    for offset, (topic, value) in enumerate([(STEPS, step_msg(rank=2)), (HEARTBEATS, far)], 2):
+        dl = router.handle(topic, 0, offset, b"j1", value).dead_letter
+        assert dl is not None and dl.reason.startswith("$.rank")
+        assert "outside the job's world_size 2" in dl.reason
+    assert router.dead_letters.by_cause["$.rank"] == 2
+    assert made["j1"].hang.done.size <= 2  # nothing was sized by the far rank
+    # and a rank no job could have is refused by the contract itself
+    dl = router.handle(HEARTBEATS, 0, 9, b"j1", far.replace(b"1000000", b"1048576")).dead_letter
+    assert dl is not None and dl.reason.startswith("$.rank")

@@ -29,7 +29,7 @@ def test_write_recording_and_cli(tmp_path):
     out = tmp_path / "cli.jsonl"
     res = CliRunner().invoke(app, ["simulate", "--gpus", "16", "--steps", "3", "--fault",
                                    "slow_gpu", "--onset", "1", "--target", "rank:3",
-                                   "--no-heartbeats", "--out", str(out)])  # fmt: skip
+                                   "--no-heartbeats", "--out", str(out), "--json"])  # fmt: skip
     assert res.exit_code == 0, res.output
     assert read_truth(out).culprit == "rank:3"
     assert '"culprit": "rank:3"' in res.output
