@@ -2,6 +2,7 @@
 real gloo training (goals: < 2 µs per op, < 1 % of step time).
 
     python load-tests/bench_hook_overhead.py [--ranks 4] [--steps 60] [--repeats 3]
+        [--d-model 64] [--layers 2] [--seq 32] [--skip-op-cost]
 
 Part 1 times the hook's own work per call: the wrapper around a do-nothing collective (what
 the hook adds to any backend), and a real one-rank gloo all_reduce with and without the hook.
@@ -131,7 +132,10 @@ def op_cost(n: int = 200_000) -> dict[str, float]:
 BLOCK = 5
 
 
-def bench_rank(rank: int, world: int, port: int, steps: int, out: str) -> None:
+def bench_rank(rank: int, world: int, port: int, steps: int, out: str,
+               size: tuple[int, int, int] = (64, 2, 32)) -> None:
+    """One training rank; `size` is the model's (d_model, layers, sequence length): the
+    default is a toy 8 ms step, larger ones give steps nearer a real model's."""
     import torch
     import torch.distributed as dist
     import torch.optim.optimizer as optim
@@ -142,14 +146,15 @@ def bench_rank(rank: int, world: int, port: int, steps: int, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128,
-                                             batch_first=True)
-    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=2),
-                                torch.nn.Linear(64, 16))
+    d_model, layers, seq = size
+    layer = torch.nn.TransformerEncoderLayer(d_model=d_model, nhead=4,
+                                             dim_feedforward=2 * d_model, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=layers),
+                                torch.nn.Linear(d_model, 16))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     hook.instrument_ddp(ddp)  # the comm hook stays in both modes: only Flare's cost differs
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    x = torch.randn(8, 32, 64)
+    x = torch.randn(8, seq, d_model)
 
     def switch(on: bool) -> None:
         # everything the hook adds to the training thread goes on and off together: the
@@ -190,7 +195,8 @@ def bench_rank(rank: int, world: int, port: int, steps: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _run_training(world: int, steps: int, sock: Path, out: Path) -> dict:
+def _run_training(world: int, steps: int, sock: Path, out: Path,
+                  size: tuple[int, int, int]) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -199,7 +205,7 @@ def _run_training(world: int, steps: int, sock: Path, out: Path) -> dict:
     code = ("import runpy, sys; m = runpy.run_path(sys.argv[1]); "
             "m['bench_rank'](*map(eval, sys.argv[2:]))")
     procs = [subprocess.Popen([sys.executable, "-c", code, __file__, str(r), str(world),
-                               str(port), str(steps), repr(str(out))], env=env)
+                               str(port), str(steps), repr(str(out)), repr(size)], env=env)
              for r in range(world)]
     for p in procs:
         if p.wait(600) != 0:
@@ -222,7 +228,8 @@ def _cpu_per_step(n_ops: int) -> float:
     return (time.process_time() - t0) / 200
 
 
-def step_overhead(world: int, steps: int, repeats: int) -> dict:
+def step_overhead(world: int, steps: int, repeats: int,
+                  size: tuple[int, int, int] = (64, 2, 32)) -> dict:
     from producers.agent.core import AgentCore
     from producers.agent.outbox import Outbox
     from producers.agent.server import AgentDaemon
@@ -240,7 +247,7 @@ def step_overhead(world: int, steps: int, repeats: int) -> dict:
     runs = []
     try:
         for _ in range(repeats):
-            r = _run_training(world, steps, sock, tmp / "out.json")
+            r = _run_training(world, steps, sock, tmp / "out.json", size)
             on, off = statistics.median(r["times"]["on"]), statistics.median(r["times"]["off"])
             runs.append({"step_s_on": on, "step_s_off": off,
                          "overhead_pct": 100.0 * (on - off) / off,
@@ -251,7 +258,7 @@ def step_overhead(world: int, steps: int, repeats: int) -> dict:
         th.join(30)
         shutil.rmtree(tmp, ignore_errors=True)
     ops = runs[-1]["ops_per_step"]
-    return {"ranks": world, "steps": steps, "block": BLOCK, "runs": runs,
+    return {"ranks": world, "steps": steps, "block": BLOCK, "model": size, "runs": runs,
             "overhead_pct_median": statistics.median(x["overhead_pct"] for x in runs),
             "sender_cpu_s_per_step": _cpu_per_step(int(round(ops))),
             "sender_cpu_s_per_step_1000_ops": _cpu_per_step(1000),
@@ -264,10 +271,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-training", action="store_true")
+    ap.add_argument("--skip-op-cost", action="store_true")
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=32)
     a = ap.parse_args()
-    print(json.dumps({"op_cost": op_cost()}, indent=2), flush=True)
+    if not a.skip_op_cost:
+        print(json.dumps({"op_cost": op_cost()}, indent=2), flush=True)
     if not a.skip_training:
-        print(json.dumps({"training": step_overhead(a.ranks, a.steps, a.repeats)}, indent=2))
+        size = (a.d_model, a.layers, a.seq)
+        print(json.dumps({"training": step_overhead(a.ranks, a.steps, a.repeats, size)},
+                         indent=2))
 
 
 if __name__ == "__main__":
