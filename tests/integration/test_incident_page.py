@@ -14,8 +14,6 @@ import json
 import shutil
 import struct
 import subprocess
-import threading
-import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,16 +23,15 @@ import httpx
 import msgspec
 import numpy as np
 import pytest
-import uvicorn
 
 from api.app import create_app
 from api.page.svg import HEAT_HIGH, ONSET_COLOUR, STEP_COLOUR
-from flare.local.broker import free_port
 from schemas.wire import StackGroup
 from storage.client import connect
 from storage.migrations import apply_schema
 from storage.testing import SAMPLE_JOB, load_sample, make_incident
 from storage.writer import Sink
+from tests.live_api import served
 
 CHROMIUM = shutil.which("chromium")
 pytestmark = [
@@ -69,18 +66,8 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ])
     sink.add_incident(hang)
     sink.flush()
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(db), host="127.0.0.1", port=port,
-                                           log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with served(create_app(db)) as url:
+        yield url
     db.close()
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +17,6 @@ from typing import Any
 
 import orjson
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -34,6 +32,7 @@ from storage.migrations import apply_schema
 from storage.testing import load_sample
 from storage.writer import Sink
 from tests.integration.conftest import ROOT, WorkerProcess, unique
+from tests.live_api import served
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -240,17 +239,8 @@ def test_any_text_gets_rows_or_a_4xx_problem(client: TestClient, store: ClickHou
 
 @pytest.fixture(scope="module")
 def api_url(store: ClickHouse, sql: ReadOnlySQL) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(store, sql=sql), host="127.0.0.1",
-                                           port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with served(create_app(store, sql=sql)) as url:
+        yield url
 
 
 @pytest.fixture

@@ -4,15 +4,12 @@ route and written by `flare trace` from a live API server."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 import orjson
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,12 +17,12 @@ from typer.testing import CliRunner
 
 from api.app import create_app
 from flare.cli import app
-from flare.local.broker import free_port
 from storage.client import ClickHouse, connect
 from storage.migrations import apply_schema
 from storage.reader import Queries
 from storage.testing import SAMPLE_JOB, MemoryStore, load_sample, step_ts
 from storage.writer import Sink
+from tests.live_api import served
 from tests.unit.schemas.test_trace_builder import well_formed
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -101,17 +98,8 @@ def test_any_id_and_steps_get_a_trace_or_a_problem(
 
 @pytest.fixture(scope="module")
 def api_url(db: ClickHouse) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(Queries(db)), host="127.0.0.1",
-                                           port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with served(create_app(Queries(db))) as url:
+        yield url
 
 
 def test_flare_trace_writes_the_file_from_a_live_api(api_url: str, tmp_path: Path) -> None:

@@ -5,22 +5,19 @@ without it."""
 from __future__ import annotations
 
 import os
-import threading
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 
 from api import auth
 from api.app import create_app
 from flare.api_client import HEADER, api_client, api_headers, api_url, error_detail
 from flare.cli import app
-from flare.local.broker import free_port
 from flare.settings import Settings
 from storage.testing import SAMPLE_JOB, MemoryStore, load_sample
+from tests.live_api import served
 
 KEY = "s3cr3t-key-for-tests"
 runner = CliRunner()
@@ -37,17 +34,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def guarded_api() -> Iterator[str]:
     store = MemoryStore()
     load_sample(store)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(store, api_key=KEY), host="127.0.0.1",
-                                           port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with served(create_app(store, api_key=KEY)) as url:
+        yield url
 
 
 def test_the_header_is_the_one_the_api_reads() -> None:

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 
 import orjson
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 
 from api.app import create_app
 from flare.cli import app
 from flare.local.broker import free_port
 from storage.testing import SAMPLE_JOB, MemoryStore, load_sample
+from tests.live_api import served
 
 runner = CliRunner()
 
@@ -23,17 +21,8 @@ runner = CliRunner()
 def api_url() -> Iterator[str]:
     store = MemoryStore()
     load_sample(store)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(store), host="127.0.0.1", port=port,
-                                           log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with served(create_app(store)) as url:
+        yield url
 
 
 def test_incidents_are_listed_newest_first_and_filtered(api_url: str) -> None:

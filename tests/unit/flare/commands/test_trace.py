@@ -3,8 +3,6 @@ trace file, stdout without --out, and one line with exit 2 for every failure."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,13 +10,13 @@ from typing import Any
 
 import orjson
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 
 from api.app import create_app
 from flare.cli import app
 from flare.local.broker import free_port
 from storage.testing import SAMPLE_JOB, MemoryStore, load_sample
+from tests.live_api import served
 from tests.unit.schemas.test_trace_builder import well_formed
 
 runner = CliRunner()
@@ -30,19 +28,8 @@ def serve(**app_options: Any) -> Iterator[str]:
     """The API over the sample store, served by uvicorn on a free loopback port."""
     store = MemoryStore()
     load_sample(store)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(store, **app_options), host="127.0.0.1",
-                                           port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with served(create_app(store, **app_options)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
