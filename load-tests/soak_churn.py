@@ -1,0 +1,127 @@
+"""Soak: job churn. Many short jobs through one worker; afterwards its state is freed and its
+memory is back where it was.
+
+Usage:
+  python load-tests/soak_churn.py [--jobs 1000] [--gpus 8] [--steps 6] [--idle-s 5] [--rounds 4]
+
+What runs, on loopback: a tansu broker and one `flare worker` whose jobs are evicted after
+`--idle-s` of silence (FLARE_JOB_IDLE_S; production keeps 600 s). One short simulated job
+(no fault, with its start and end events) is the template; each job of the run is a copy
+under its own job id. The worker first takes a warm-up round of `--jobs` / 10 jobs; once
+they are evicted its memory (VmRSS) is the baseline. Then `--rounds` rounds of `--jobs` jobs
+each, and after each, once every job is evicted: the worker's RSS, the jobs it still holds,
+and the steps decoder's cached ranks. The state must be empty after each round, and the RSS
+after the last round within 5% of the round before (flat, not growing with jobs).
+Prints a markdown table; exit 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from reliability_kill import ROOT, machine, wait_for
+
+from flare.local.broker import free_port, start_tansu
+from flare.local.processes import WorkerProcess, start_worker
+from producers.publisher import KafkaPublisher
+from producers.simulator import Scenario, layout_for_gpus
+from producers.simulator.simulator import ClusterSimulator
+from streams.kafka.topics import ensure_topics
+
+PARTITIONS = 4
+
+
+def template(gpus: int, steps: int) -> list[tuple[str, dict[str, Any]]]:
+    sim = ClusterSimulator(Scenario(job="churn-template", layout=layout_for_gpus(gpus),
+                                    steps=steps, seed=0, fault=None, step_time_s=0.5))
+    return [(topic, value) for topic, _key, value, _ts in sim.events()]
+
+
+def publish_round(pub: KafkaPublisher, events: list[tuple[str, dict[str, Any]]], prefix: str,
+                  jobs: int) -> int:
+    n = 0
+    for j in range(jobs):
+        job = f"{prefix}-{j}"
+        for topic, value in events:
+            pub.publish(topic, job, {**value, "job": job})
+            n += 1
+    pub.flush(120)
+    return n
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def drained(worker: WorkerProcess, records: int) -> None:
+    """Until the worker has read `records` in all and holds no job."""
+    def done() -> bool:
+        s = worker.stats()
+        return s["records"] >= records and s["total_lag"] == 0 and s["jobs"] == 0
+    wait_for("the worker to read and evict every job", done, 900, 1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--idle-s", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=4)
+    args = ap.parse_args(argv)
+    events = template(args.gpus, args.steps)
+    work = Path(tempfile.mkdtemp(prefix="flare-churn-"))
+    rows: list[tuple[str, int, float, dict[str, Any], float]] = []
+    try:
+        with start_tansu(free_port(), log_path=work / "tansu.log") as broker:
+            ensure_topics(broker.connection, PARTITIONS)
+            w = start_worker(broker.connection, work, name="w", group="g-churn",
+                             partitions=PARTITIONS, api_port=free_port(), cwd=ROOT,
+                             extra_env={"FLARE_JOB_IDLE_S": str(args.idle_s)})
+            try:
+                w.wait_ready(120)
+                total = 0
+                with KafkaPublisher(broker.connection) as pub:
+                    rounds = [("warm-up", max(args.jobs // 10, 1))] + [
+                        (f"round {i}", args.jobs) for i in range(1, args.rounds + 1)]
+                    for name, n in rounds:
+                        t0 = time.monotonic()
+                        total += publish_round(pub, events, name.replace(" ", ""), n)
+                        drained(w, total)
+                        s = w.stats()
+                        rows.append((name, n, rss_mb(w.process.pid), {
+                            "jobs": s["jobs"], "cached_ranks": s["steps_decoder"]["cached_ranks"],
+                            "incident_events": s["incident_events"]},
+                            time.monotonic() - t0))
+            finally:
+                w.stop(60)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"`python load-tests/soak_churn.py {' '.join(argv or sys.argv[1:])}`\n")
+    print(f"{machine()}; each job: {args.gpus} GPUs, {args.steps} steps of 0.5 s, "
+          f"{len(events)} messages; evicted after {args.idle_s} s of silence\n")
+    print("| round | jobs | worker RSS after (MB) | jobs held | decoder cached ranks | "
+          "incident events so far | wall (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, n, rss, s, wall in rows:
+        print(f"| {name} | {n} | {rss:.0f} | {s['jobs']} | {s['cached_ranks']} | "
+              f"{s['incident_events']} | {wall:.0f} |")
+    empty = all(s["jobs"] == 0 and s["cached_ranks"] == 0 for *_x, s, _w in rows)
+    flat = rows[-1][2] <= rows[-2][2] * 1.05
+    print(f"\nstate empty after every round: {empty}; RSS after the last round within 5% of "
+          f"the round before: {flat}")
+    return 0 if empty and flat else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
