@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,12 +23,14 @@ from flare.local.processes import WorkerProcess
 from storage.client import ClickHouse, connect
 from storage.migrations import apply_schema
 from storage.tables import TABLES
+from storage.testing import load_sample
+from storage.writer import Sink
 from streams.kafka.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 4
 
-__all__ = ["PARTITIONS", "ROOT", "WorkerProcess", "unique", "wait_for"]
+__all__ = ["PARTITIONS", "ROOT", "WorkerProcess", "sample_store", "unique", "wait_for"]
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +57,18 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
     with start_tansu(free_port(), log_path=log) as b:
         ensure_topics(b.connection, PARTITIONS)
         yield b
+
+
+@contextmanager
+def sample_store(url: str) -> Iterator[ClickHouse]:
+    """A migrated ClickHouse at `url` holding `storage.testing`'s sample job and incidents."""
+    client = connect(url)
+    try:
+        apply_schema(client)
+        load_sample(Sink(client))
+        yield client
+    finally:
+        client.close()
 
 
 def unique(prefix: str) -> str:

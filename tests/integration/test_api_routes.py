@@ -11,12 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from storage.client import ClickHouse, connect
-from storage.migrations import apply_schema
+from storage.client import ClickHouse
 from storage.reader import Queries
 from storage.testing import SAMPLE_JOB as JOB
-from storage.testing import load_sample, step_ts
-from storage.writer import Sink
+from storage.testing import step_ts
+from tests.integration.conftest import sample_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 PROBLEM = "application/problem+json"
@@ -24,11 +23,8 @@ PROBLEM = "application/problem+json"
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouse]:
-    client = connect(f"chdb://{tmp_path_factory.mktemp('chdb')}?database=test_api")
-    apply_schema(client)
-    load_sample(Sink(client))
-    yield client
-    client.close()
+    with sample_store(f"chdb://{tmp_path_factory.mktemp('chdb')}?database=test_api") as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

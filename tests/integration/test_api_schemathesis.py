@@ -28,10 +28,7 @@ from schemathesis.specs.openapi.checks import (
 
 from api.app import create_app
 from storage.adhoc import open_readonly
-from storage.client import ClickHouse, connect
-from storage.migrations import apply_schema
-from storage.testing import load_sample
-from storage.writer import Sink
+from tests.integration.conftest import sample_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -43,13 +40,10 @@ EXAMPLES = 80  # per operation and mode; the same cases on every run (derandomiz
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     url = f"chdb://{tmp_path_factory.mktemp('chdb')}?database=test_st"
-    db: ClickHouse = connect(url)
-    apply_schema(db)
-    load_sample(Sink(db))
-    sql = open_readonly(url)  # POST /v1/sql is fuzzed with a session, as the worker serves it
-    yield create_app(db, sql=sql)
-    sql.close()
-    db.close()
+    with sample_store(url) as db:
+        sql = open_readonly(url)  # POST /v1/sql is fuzzed with a session, as the worker serves it
+        yield create_app(db, sql=sql)
+        sql.close()
 
 
 def existing(app: Any) -> dict[str, list[str]]:

@@ -21,8 +21,9 @@ DASHBOARDS = sorted((Path(__file__).resolve().parents[2] / "infra/grafana/dashbo
     "*.json"))
 
 
-def _fill(sql: str, db: ClickHouse, variables: dict[str, str], t0: int, t1: int) -> str:
-    """The plugin's macros and the dashboard's variables, as Grafana would send them."""
+def fill_macros(sql: str, variables: dict[str, str], t0: int, t1: int) -> str:
+    """The plugin's macros over [t0, t1] (ns) and the dashboard's variables, as Grafana
+    would send them."""
     def at(ns: int) -> str:
         return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
@@ -34,6 +35,12 @@ def _fill(sql: str, db: ClickHouse, variables: dict[str, str], t0: int, t1: int)
     for name, value in variables.items():
         sql = sql.replace(f"${{{name}}}", value)
     assert "$" not in sql, sql
+    return sql
+
+
+def _fill(sql: str, db: ClickHouse, variables: dict[str, str], t0: int, t1: int) -> str:
+    """`fill_macros`, on the test's own database rather than `flare`."""
+    sql = fill_macros(sql, variables, t0, t1)
     database = db.table("incidents").split(".")[0]
     return re.sub(r"\bflare\.(?=[a-z_])", f"{database}.", sql)
 

@@ -17,11 +17,10 @@ from typer.testing import CliRunner
 
 from api.app import create_app
 from flare.cli import app
-from storage.client import ClickHouse, connect
-from storage.migrations import apply_schema
+from storage.client import ClickHouse
 from storage.reader import Queries
 from storage.testing import SAMPLE_JOB, MemoryStore, load_sample, step_ts
-from storage.writer import Sink
+from tests.integration.conftest import sample_store
 from tests.live_api import served
 from tests.unit.schemas.test_trace_builder import well_formed
 
@@ -31,11 +30,8 @@ GPU = f"{SAMPLE_JOB}/gpu/rank:1/30"
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouse]:
-    client = connect(f"chdb://{tmp_path_factory.mktemp('chdb')}?database=test_trace")
-    apply_schema(client)
-    load_sample(Sink(client))
-    yield client
-    client.close()
+    with sample_store(f"chdb://{tmp_path_factory.mktemp('chdb')}?database=test_trace") as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from storage.client import connect
 from tests.integration.conftest import ROOT, wait_for
 from tests.integration.test_alerts_alertmanager import active_alerts
 from tests.integration.test_alerts_alertmanager import alertmanager as alertmanager  # noqa: F401
+from tests.integration.test_grafana_dashboards import fill_macros
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PROMTOOL = shutil.which("promtool")
@@ -76,21 +76,9 @@ class Up:
 
 
 def fill(sql: str, variables: dict[str, str]) -> str:
-    """The Grafana plugin's macros over the last day, and the dashboard's variables."""
-    def at(ns: int) -> str:
-        return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
+    """A dashboard query as Grafana sends it for the last day."""
     now = time.time_ns()
-    t0, t1 = at(now - 86_400 * 10**9), at(now + 3_600 * 10**9)
-    sql = re.sub(r"\$__timeFilter\(([^)]+)\)",
-                 lambda m: f"{m[1]} >= toDateTime('{t0}', 'UTC') AND "
-                           f"{m[1]} <= toDateTime('{t1}', 'UTC')", sql)
-    sql = sql.replace("$__fromTime", f"toDateTime('{t0}', 'UTC')")
-    sql = sql.replace("$__toTime", f"toDateTime('{t1}', 'UTC')")
-    for name, value in variables.items():
-        sql = sql.replace(f"${{{name}}}", value)
-    assert "$" not in sql, sql
-    return sql
+    return fill_macros(sql, variables, now - 86_400 * 10**9, now + 3_600 * 10**9)
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from producers.torch_hook.groups import GroupRegistry
 from producers.torch_hook.patch import HookStats, Patcher, TimedWork
 from schemas.decode import decode_steps
 from schemas.steps_decoder import StepsDecoder
+from tests.unit.producers.torch_hook import test_patch
 
 MS = 1_000_000
 
@@ -183,9 +184,10 @@ def test_a_broken_backend_never_reaches_training():
 
 
 # -- the hook's wrappers on an NCCL group ----------------------------------------------------
-class Tensor:
+class Tensor(test_patch.Tensor):
     def __init__(self, nbytes: int, cuda: bool) -> None:
-        self.nbytes, self.is_cuda = nbytes, cuda
+        super().__init__(nbytes)
+        self.is_cuda = cuda
 
 
 class Future:
@@ -200,43 +202,23 @@ class Future:
             fn(self)
 
 
-class Work:
-    def __init__(self, with_future: bool) -> None:
-        self.done, self.fut = False, Future() if with_future else None
+class Work(test_patch.Work):
+    """An async collective's Work, with a future (NCCL's have one; gloo p2p's do not)."""
 
-    def wait(self, timeout=None):
-        self.done = True
-        return True
-
-    def is_completed(self) -> bool:
-        return self.done
+    def __init__(self) -> None:
+        super().__init__()
+        self.fut = Future()
 
     def get_future(self):
-        if self.fut is None:
-            raise RuntimeError("Work::getFuture not implemented.")
         return self.fut
 
 
-class PG:
-    group_name = "0"
-    group_desc = "default_pg"
-
-
 def fake_dist(backend: str):
-    world = PG()
-    c10d = SimpleNamespace()
-    c10d.all_reduce = lambda tensor, op=None, group=None, async_op=False: (
-        Work(True) if async_op else None)
-    c10d.isend = lambda tensor, dst=None, group=None, tag=0, group_dst=None: Work(False)
-    c10d.irecv = lambda tensor, src=None, group=None, tag=0, group_src=None: Work(False)
-    c10d.send = lambda tensor, dst=None, group=None, tag=0, group_dst=None: None
-    c10d.recv = lambda tensor, src=None, group=None, tag=0, group_src=None: src
-    c10d.batch_isend_irecv = lambda ops: [op.op(op.tensor, op.peer, op.group) for op in ops]
-    c10d.destroy_process_group = c10d.init_process_group = lambda *a, **k: None
-    c10d._get_default_group = lambda: world
-    c10d._get_process_group_name = lambda pg: pg.group_name
-    dist = SimpleNamespace(distributed_c10d=c10d, get_rank=lambda group=None: 0,
-                           get_global_rank=lambda pg, r: r, get_backend=lambda pg=None: backend)
+    """test_patch's stand-in of c10d, plus all_reduce and a backend for its groups."""
+    dist = test_patch.make_c10d(0)
+    dist.distributed_c10d.all_reduce = lambda tensor, op=None, group=None, async_op=False: (
+        Work() if async_op else None)
+    dist.get_backend = lambda pg=None: backend
     return dist
 
 
