@@ -65,6 +65,11 @@ RANK_SCORE_FIELDS: tuple[tuple[str, Any], ...] = (
     *((c.name, float) for c in RANK_FIGURES),
     ("caused_wait_total_s", float), ("min_compute_ratio", float),
 )
+_RANK_FIGURE_NAMES = frozenset(c.name for c in RANK_FIGURES)
+# A rank bucket's value, per figure: averaged and rounded as _RANK_SCORES_SQL does it.
+_RANK_BUCKET_VALUE: dict[str, str] = {
+    c.name: f"round(avg(r.{c.name}), 6) AS value" for c in RANK_FIGURES
+}
 _INCIDENTS_SQL = select_list(INCIDENT_COLUMNS)
 _STEPS_SQL = select_list(STEP_COLUMNS)
 _DEAD_LETTERS_SQL = select_list(DEAD_LETTER_COLUMNS)
@@ -75,6 +80,27 @@ _RANK_SCORES_SQL = ", ".join([
     "round(sum(r.caused_wait_s), 6) AS caused_wait_total_s",
     "round(min(r.compute_ratio), 6) AS min_compute_ratio",
 ])
+
+
+def bucket_width(from_step: int, to_step: int, buckets: int) -> int:
+    """Steps per bucket when [from_step, to_step] is cut into at most `buckets` equal ranges
+    (the last may be shorter). One definition, so the buckets a store groups by are the
+    columns a caller labels them with.
+
+    >>> bucket_width(0, 9, 4), bucket_width(5, 5, 48), bucket_width(15, 59, 48)
+    (3, 1, 1)
+    """
+    if buckets < 1:
+        raise ValueError(f"expected at least one bucket, got {buckets!r}")
+    return max(1, -(-(to_step - from_step + 1) // buckets))
+
+
+def rank_figure(name: str) -> str:
+    """`name` if it is one of `RANK_FIGURES`, else ValueError: a figure is picked from the
+    table spec (never a caller's text in SQL), and both readers refuse an unknown one alike."""
+    if name not in _RANK_FIGURE_NAMES:
+        raise ValueError(f"expected one of {sorted(_RANK_FIGURE_NAMES)}, got {name!r}")
+    return name
 
 
 def _int(value: int) -> int:
@@ -150,6 +176,14 @@ class Reader(Protocol):
         limit: int = 10_000,
     ) -> list[Row]:
         """Per-rank figures (`RANK_SCORE_FIELDS`) over steps [from_step, to_step]."""
+
+    @abstractmethod
+    def rank_buckets(
+        self, job: str, from_step: int, to_step: int, buckets: int, figure: str, *,
+        ranks: list[int] | None = None, limit: int = 100_000,
+    ) -> list[Row]:
+        """One per-rank figure averaged per rank and step bucket, as rows of rank, bucket and
+        value, by rank and bucket; see `Queries.rank_buckets`."""
 
     @abstractmethod
     def op_steps(self, job: str, from_step: int, to_step: int, limit: int = 100) -> list[Row]:
@@ -339,6 +373,40 @@ class Queries(Reader):
             " WHERE r.job = {job:String} AND r.step >= {lo:UInt64} AND r.step <= {hi:UInt64}"
             f" GROUP BY rank ORDER BY {_RANK_ORDER[sort]} LIMIT {_int(limit)}",
             {"job": job, "lo": from_step, "hi": to_step},
+        )
+
+    def rank_buckets(
+        self,
+        job: str,
+        from_step: int,
+        to_step: int,
+        buckets: int,
+        figure: str,
+        *,
+        ranks: list[int] | None = None,
+        limit: int = 100_000,
+    ) -> list[Row]:
+        """One figure of `RANK_FIGURES` averaged per rank and step bucket, in one grouped
+        read: a rank × step heatmap costs one query however many columns it has (a
+        `rank_scores` per column did the same sums one column at a time). [from_step,
+        to_step] is cut into `buckets` ranges of `bucket_width` steps; bucket b holds steps
+        from_step + b * width on. Each value is what `rank_scores` over that bucket's steps
+        gives for the figure (an average, rounded alike). `ranks` keeps only those ranks (a
+        heatmap shows a few of a large job's); a rank without steps in a bucket has no row."""
+        where = ["r.job = {job:String}", "r.step >= {lo:UInt64}", "r.step <= {hi:UInt64}"]
+        params: dict[str, Any] = {
+            "job": job, "lo": from_step, "hi": to_step,
+            "width": bucket_width(from_step, to_step, buckets),
+        }
+        if ranks is not None:
+            where.append("r.rank IN {ranks:Array(UInt32)}")
+            params["ranks"] = ranks
+        value = _RANK_BUCKET_VALUE[rank_figure(figure)]
+        return self.db.rows(
+            "SELECT r.rank AS rank, intDiv(r.step - {lo:UInt64}, {width:UInt64}) AS bucket,"
+            f" {value} FROM {self.db.table('rank_steps')} AS r FINAL WHERE {' AND '.join(where)}"
+            f" GROUP BY rank, bucket ORDER BY rank, bucket LIMIT {_int(limit)}",
+            params,
         )
 
     # -- raw ops -----------------------------------------------------------------------------

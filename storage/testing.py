@@ -31,7 +31,9 @@ from storage.reader import (
     RankSort,
     Reader,
     Row,
+    bucket_width,
     incident_from_row,
+    rank_figure,
 )
 from storage.tables import (
     BY_NAME,
@@ -416,6 +418,20 @@ class MemoryStore(Reader):
             scores.append(score)
         scores.sort(key=_RANK_KEYS[sort])
         return scores[:limit]
+
+    def rank_buckets(
+        self, job: str, from_step: int, to_step: int, buckets: int, figure: str, *,
+        ranks: list[int] | None = None, limit: int = 100_000,
+    ) -> list[Row]:
+        name, width = rank_figure(figure), bucket_width(from_step, to_step, buckets)
+        wanted = None if ranks is None else set(ranks)
+        cells: dict[tuple[int, int], list[float]] = defaultdict(list)
+        for r in self._rows(BY_NAME["rank_steps"]):
+            if (r["job"] == job and from_step <= r["step"] <= to_step
+                    and (wanted is None or r["rank"] in wanted)):
+                cells[r["rank"], (r["step"] - from_step) // width].append(r[name])
+        return [{"rank": rank, "bucket": bucket, "value": round(sum(v) / len(v), 6)}
+                for (rank, bucket), v in sorted(cells.items())[:limit]]
 
     def op_steps(self, job: str, from_step: int, to_step: int, limit: int = 100) -> list[Row]:
         count: dict[int, int] = defaultdict(int)

@@ -19,7 +19,7 @@ import msgspec
 from api.models import RankScore, StepPoint
 from api.page.svg import Heatmap
 from schemas.wire import IncidentV1
-from storage.reader import Reader
+from storage.reader import Reader, Row, bucket_width
 
 MAX_POINTS = 600
 MAX_ROWS = 48
@@ -27,8 +27,8 @@ MAX_COLUMNS = 48
 MAX_RANKS = 100_000  # as /v1/jobs/{job}/ranks allows
 MIN_CONTEXT = 10  # steps shown before the onset, at least
 
-# A per-rank figure of `Reader.rank_scores` (tests hold this equal to storage.reader's
-# RANK_FIGURES): what the heatmap colours.
+# A per-rank figure of `Reader.rank_scores` and `Reader.rank_buckets` (tests hold this equal
+# to storage.reader's RANK_FIGURES): what the heatmap colours.
 RankMetric = Literal["step_s", "compute_s", "comm_s", "gap_s", "wait_s", "caused_wait_s",
                      "compute_ratio"]
 # The figure that shows each kind of fault: a slow GPU computes longer than its peers, a
@@ -58,8 +58,9 @@ def window(inc: IncidentV1) -> tuple[int, int]:
 
 
 def columns(lo: int, hi: int, n: int = MAX_COLUMNS) -> list[tuple[int, int]]:
-    """[lo, hi] cut into at most `n` equal step ranges (the last may be shorter)."""
-    width = max(1, math.ceil((hi - lo + 1) / n))
+    """[lo, hi] cut into at most `n` equal step ranges (the last may be shorter): the
+    buckets `Reader.rank_buckets` groups by, as the heatmap labels them."""
+    width = bucket_width(lo, hi, n)
     return [(a, min(a + width - 1, hi)) for a in range(lo, hi + 1, width)]
 
 
@@ -86,20 +87,33 @@ def pick_ranks(scores: list[RankScore], metric: RankMetric, suspects: list[str],
 
 def heatmap(store: Reader, inc: IncidentV1, metric: RankMetric, lo: int, hi: int
             ) -> tuple[Heatmap, int]:
-    """The heatmap over [lo, hi] and how many ranks the job has there. One read per column:
-    `Reader.rank_scores` averages over a step range, as /v1/jobs/{job}/ranks does."""
+    """The heatmap over [lo, hi] and how many ranks the job has there. Two reads whatever
+    the number of columns: the per-rank figures over the whole window (averaged as
+    /v1/jobs/{job}/ranks does) pick the rows, then one grouped read averages the figure per
+    shown rank and column."""
     whole = [RankScore.model_validate(r)
              for r in store.rank_scores(inc.job, lo, hi, limit=MAX_RANKS)]
     ranks = pick_ranks(whole, metric, [s.entity for s in inc.suspects])
-    cols = columns(lo, hi) if ranks else []
+    if not ranks:
+        return Heatmap(metric=metric, ranks=[], columns=[], values=[]), len(whole)
+    cols = columns(lo, hi)
+    cells = store.rank_buckets(inc.job, lo, hi, MAX_COLUMNS, metric, ranks=ranks,
+                               limit=len(ranks) * len(cols))
+    return Heatmap(metric=metric, ranks=ranks, columns=cols,
+                   values=grid(cells, ranks, len(cols))), len(whole)
+
+
+def grid(cells: list[Row], ranks: list[int], n_columns: int) -> list[list[float | None]]:
+    """`Reader.rank_buckets` rows as the heatmap's rows (one per rank, in `ranks` order) and
+    columns; None where a rank has no steps in a column or its figure is not finite (NaN or
+    ±inf: the page draws no colour for them, as the API shows them as null)."""
     row_of = {rank: i for i, rank in enumerate(ranks)}
-    values: list[list[float | None]] = [[None] * len(cols) for _ in ranks]
-    for c, (first, last) in enumerate(cols):
-        for r in store.rank_scores(inc.job, first, last, limit=MAX_RANKS):
-            score = RankScore.model_validate(r)
-            if score.rank in row_of:
-                values[row_of[score.rank]][c] = getattr(score, metric)
-    return Heatmap(metric=metric, ranks=ranks, columns=cols, values=values), len(whole)
+    values: list[list[float | None]] = [[None] * n_columns for _ in ranks]
+    for cell in cells:
+        value = cell["value"]
+        if value is not None and math.isfinite(value):
+            values[row_of[cell["rank"]]][cell["bucket"]] = value
+    return values
 
 
 def load(store: Reader, incident_id: str, metric: RankMetric | None = None
