@@ -45,6 +45,13 @@ _GPU_SIGMA_FLOOR = 0.004
 _NODE_SIGMA_FLOOR = 0.006
 
 
+def _basis(feats: StepFeatures) -> np.ndarray:
+    """(R,) the time a rank's speed is judged by: its compute less the expert kernels whose
+    amount MoE routing sets (a slow GPU slows the rest alike), or, without compute ops, its
+    idle gaps."""
+    return feats.compute_s - feats.routed_s if feats.has_compute else feats.gap_s
+
+
 def compute_ratio(
     frame: StepFrame, feats: StepFeatures, stages: tuple[np.ndarray, int]
 ) -> np.ndarray:
@@ -52,7 +59,7 @@ def compute_ratio(
 
     Communication-only recordings have no compute ops: the idle gaps between their
     collectives are then the compute, and serve as its basis."""
-    basis = feats.compute_s if feats.has_compute else feats.gap_s
+    basis = _basis(feats)
     keys, n_keys = stages
     ref = grouped_median(basis, keys, n_keys)[keys]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -63,7 +70,7 @@ def compute_suspects(
     frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, noise: NoiseMemory, out: Candidates
 ) -> None:
     """Add the step's `gpu` (rank) and `node` suspects to `out`."""
-    basis = feats.compute_s if feats.has_compute else feats.gap_s
+    basis = _basis(feats)
     with np.errstate(divide="ignore", invalid="ignore"):
         x = np.log(ratio)
     x = np.where(np.isfinite(x), x, 0.0)

@@ -63,6 +63,7 @@ class StepFeatures:
 
     span_s: np.ndarray
     compute_s: np.ndarray
+    routed_s: np.ndarray  # the part of compute_s whose amount the data routes (`routed_compute`)
     comm_s: np.ndarray
     gap_s: np.ndarray
     wait_s: np.ndarray
@@ -151,6 +152,38 @@ def _instances(frame: StepFrame, ri: np.ndarray) -> Instances:
     )
 
 
+def routed_compute(frame: StepFrame, ri: np.ndarray, dur_s: np.ndarray) -> np.ndarray:
+    """(R,) compute time each rank spent between an expert-parallel dispatch and its combine.
+
+    Under MoE routing each rank's expert kernels process the tokens routed to it this step,
+    which varies by tens of percent from rank to rank and step to step: workload, not the
+    device's speed. They are the compute ops that sit between a rank's first and second
+    `ep.*` all-to-all of a pair (odd count so far on its rank). A step in which some rank
+    has an odd number of them does not pair up and gets no such split (all zeros).
+
+    >>> from detectors.testing import frame_of, rank_step
+    >>> ops = [("compute", "fwd", "", 0, 0.0, 10.0, 0),
+    ...        ("coll", "all_to_all", "ep.0", 1, 10.0, 1.0, 8),
+    ...        ("compute", "expert", "", 1, 11.0, 7.0, 0),
+    ...        ("coll", "all_to_all", "ep.0", 2, 18.0, 1.0, 8)]
+    >>> f = frame_of([rank_step(0, "n0", 0, ops)])
+    >>> (routed_compute(f, f.op_rank_index(), f.op_dur_ns / 1e9) * 1e3).round(3).tolist()
+    [7.0]
+    """
+    is_ep = np.zeros(len(frame.groups) + 1, dtype=bool)
+    is_ep[: len(frame.groups)] = [g.startswith("ep.") for g in frame.groups]
+    a2a = (frame.op_kind != COMPUTE) & is_ep[frame.op_group]
+    if not a2a.any():
+        return np.zeros(frame.n_ranks)
+    before = np.cumsum(a2a) - a2a  # ep all-to-alls before each op, over the whole frame
+    at_rank_start = np.r_[np.int64(0), np.cumsum(a2a)][frame.off[:-1]]
+    inside = ((before - at_rank_start[ri]) % 2 == 1) & (frame.op_kind == COMPUTE)
+    per_rank = np.diff(np.r_[np.int64(0), np.cumsum(a2a)][frame.off])
+    if (per_rank % 2).any():
+        return np.zeros(frame.n_ranks)
+    return np.bincount(ri, weights=np.where(inside, dur_s, 0.0), minlength=frame.n_ranks)
+
+
 def step_features(frame: StepFrame) -> StepFeatures:
     """Compute the time budget of every rank and the instance table of one step."""
     R = frame.n_ranks
@@ -169,6 +202,7 @@ def step_features(frame: StepFrame) -> StepFeatures:
     return StepFeatures(
         span_s=span,
         compute_s=compute,
+        routed_s=routed_compute(frame, ri, dur),
         comm_s=comm,
         gap_s=gap,
         wait_s=np.bincount(inst.copy_rank, weights=wait, minlength=R),

@@ -14,7 +14,11 @@ The narrowest entity the data supports:
   untraced ranks must live on one node (`untraced_home`: the job start named a node that
   reports nothing, and no more ranks are missing than one node holds): that node.
 
-The kind stays `gpu` and the detail says the culprit is not traced. A group whose slowest
+The kind stays `gpu` and the detail says the culprit is not traced. An untraced process
+that stalls once per step (a GC pause, a late loader) makes its group wait once, at whatever
+collective follows: the group's total wait rises, its typical collective does not. That is
+a `host` suspect on the node (`_stall_z`), named where the stall happens rather than in the
+pipeline neighbours it passes to (`_stall_origins`). A group whose slowest
 member is traced has a short least wait: the compute view names that member. A group is
 judged against its stage peers and against its own usual wait (`WaitHistory`), since each
 alone is biased. The same waits also settle a question the compute view cannot: a slow rank
@@ -62,6 +66,10 @@ from schemas.rankstep import COLL, P2P
 # GPU's compute ratio (compute_suspects), for the same reason (identical ranks).
 _SIGMA_FLOOR = 0.004
 _MIN_PEERS = 3  # groups of one kind on one stage to compare with
+# σ floor of an untraced member's stall, as a share of the step: one process's stalls
+# jitter far more than a group's waits (as `host_suspects` floors a traced rank's)
+_STALL_SIGMA_FLOOR = 0.01
+_STALL_RATE_WEIGHT = 0.25  # weight of the latest step in a group's recent stall rate
 HISTORY = 20  # steps of each group's own least wait kept as its usual level
 _MIN_HISTORY = 5  # steps a group must have been seen before it is judged
 
@@ -86,6 +94,7 @@ class WaitHistory(Stateful):
         self.row: dict[str, int] = {}  # group name → its row of `values`
         self.values = np.full((0, depth), np.nan)  # (groups, depth) ring of log waits
         self.count = np.zeros(0, dtype=np.int64)  # values learnt per row (all time)
+        self.stall_rate = np.zeros(0)  # per row: how often it showed a stall lately (EWMA)
 
     def _rows(self, names: list[str]) -> np.ndarray:
         """Row of each group, new groups getting fresh rows."""
@@ -96,7 +105,16 @@ class WaitHistory(Stateful):
         if grow > 0:
             self.values = np.vstack([self.values, np.full((grow, self.depth), np.nan)])
             self.count = np.concatenate([self.count, np.zeros(grow, dtype=np.int64)])
+            self.stall_rate = np.concatenate([self.stall_rate, np.zeros(grow)])
         return rows
+
+    def stall_rates(self, names: list[str], stalled: np.ndarray) -> np.ndarray:
+        """Add this step's stall readings (bool per group) to each group's recent rate and
+        return the rates."""
+        rows = self._rows(names)
+        rate = self.stall_rate[rows] * (1 - _STALL_RATE_WEIGHT) + _STALL_RATE_WEIGHT * stalled
+        self.stall_rate[rows] = rate
+        return rate
 
     def change(
         self, names: list[str], log_wait: np.ndarray, floor: float
@@ -195,14 +213,15 @@ def untraced_suspects(
     keys, n_keys = stages
     # the usual level of every measured group, fully traced ones included: they are what a
     # job-wide change is measured on when every partially traced group waits on one node
-    all_own, all_z_own = history.change(all_names, all_log_wait, _SIGMA_FLOOR)
+    all_own, all_z_total = history.change(all_names, all_log_wait, _SIGMA_FLOOR)
     _, z_typical = history.change(typical_names, all_log_typical, _SIGMA_FLOOR)
-    all_z_own = np.fmin(all_z_own, z_typical)
+    all_z_own = np.fmin(all_z_total, z_typical)
     sel = np.flatnonzero(partial[p_group[rep]])
     rep = rep[sel]
     g_id, g_rank = p_group[rep], p_rank[rep]
     g_wait = wait[rep]
     own, z_own = all_own[sel], all_z_own[sel]
+    z_total = np.nan_to_num(all_z_total[sel])
     kinds = [frame.groups[int(g)].partition(".")[0] for g in g_id]
     untraced = np.array([topo.group_size[k] for k in kinds]) - observed[g_id]
     kind_code = np.unique(kinds, return_inverse=True)[1].reshape(-1)
@@ -227,22 +246,32 @@ def untraced_suspects(
     z = np.where(local, np.minimum(z_peer, z_own), z_own)
     upstream = _downstream(frame, stages, noise)[g_rank]
     z = np.where(upstream, 0.0, z)
-    # a change its own history calls significant is not learnt as usual, whatever the peers
+    z_stall = _stall_z(feats, g_wait, ref, z_peer, z_total, noise)
+    z_stall = np.where(local & ~upstream & (z < Z_REPORT), z_stall, 0.0)
+    z_stall = _stall_origins(frame, [all_names[i] for i in sel], g_rank, z_stall, history)
+    # a change its own history calls significant is not learnt as usual, whatever the peers;
+    # nor is a stall's long total (its typical instance stays usual, and is learnt)
     unusual = np.nan_to_num(all_z_own) >= Z_REPORT
     unusual[sel] |= upstream
-    history.learn(all_names, all_log_wait, unusual)
     history.learn(typical_names, all_log_typical, unusual)
+    unusual[sel] |= z_stall >= Z_REPORT
+    history.learn(all_names, all_log_wait, unusual)
     # a node the host or compute view already blames as a whole delays its untraced members
     # too: that is the explanation, not one of its GPUs
     whole = {e[5:] for e, k in zip(out.entity, out.kind, strict=True) if k in ("host", "node")}
-    best: dict[str, int] = {}  # node → group with the strongest evidence
-    for hit in np.flatnonzero(z >= Z_REPORT).tolist():
-        node = place[hit]
-        if node is None or node in whole:
-            continue
-        if node not in best or z[hit] > z[best[node]]:
-            best[node] = hit
-    for node, i in best.items():
+    for node, i in _strongest(z_stall, place, whole).items():
+        out.add(
+            f"node:{node}",
+            "host",
+            z_stall[i],
+            g_wait[i] - ref[i],
+            f"{frame.groups[int(g_id[i])]} waits +{(g_wait[i] - ref[i]) * 1e3:.0f} ms per step "
+            f"over its stage peers (its traced rank {int(frame.rank[g_rank[i]])} included) "
+            f"while its typical collective does not: one of its {int(untraced[i])} untraced "
+            "member(s) stalls once per step (a GC pause, a late data loader; its host or one "
+            "long kernel, which the data cannot tell apart)",
+        )
+    for node, i in _strongest(z, place, whole).items():
         g = int(g_id[i])
         ratio = np.exp(x[i] if local[i] else own[i])
         vs = "its stage peers" if local[i] else "its usual wait"
@@ -255,6 +284,67 @@ def untraced_suspects(
             f"{int(frame.rank[g_rank[i]])} included) on {int(untraced[i])} member(s) that are "
             "not traced",
         )
+
+
+def _strongest(z: np.ndarray, place: list[str | None], skip: set[str]) -> dict[str, int]:
+    """Node → the index of its group with the strongest evidence (z ≥ Z_REPORT), over the
+    groups placed on a node that `skip` does not hold."""
+    best: dict[str, int] = {}
+    for hit in np.flatnonzero(z >= Z_REPORT).tolist():
+        node = place[hit]
+        if node is None or node in skip:
+            continue
+        if node not in best or z[hit] > z[best[node]]:
+            best[node] = hit
+    return best
+
+
+def _stall_z(
+    feats: StepFeatures,
+    wait: np.ndarray,
+    ref: np.ndarray,
+    z_peer: np.ndarray,
+    z_total: np.ndarray,
+    noise: NoiseMemory,
+) -> np.ndarray:
+    """(N,) how surely each group's traced members waited out one untraced member's stall.
+
+    A process that idles once per step (a GC pause, a late batch) while its GPU is healthy
+    makes its group wait once, at whichever collective follows: the group's total wait
+    rises, its typical instance does not, which is also what MoE routing does to a group of
+    short waits. So the total must be long against the stage peers (`z_peer`), against
+    its own usual total (`z_total`), and in absolute terms: the excess is a share of the
+    step, with the same 1% σ floor as a traced rank's own stall (`host_suspects`), so a
+    swing of a few milliseconds in a short wait never is a stall."""
+    step_s = float(np.median(feats.span_s)) if feats.span_s.size else 0.0
+    if step_s <= 0:
+        return np.zeros_like(wait)
+    share = (wait - ref) / step_s
+    z_share = share / noise.sigma("untraced_stall", share, _STALL_SIGMA_FLOOR)
+    return np.minimum(np.minimum(z_share, z_peer), z_total)
+
+
+def _stall_origins(
+    frame: StepFrame, names: list[str], rank: np.ndarray, z_stall: np.ndarray,
+    history: WaitHistory,
+) -> np.ndarray:
+    """`z_stall` kept only on the groups that stall most often in their data replica.
+
+    A stall travels down the pipeline: when the lump falls before a send, the next stage's
+    untraced receiver is late by as much and its group waits as long as the stalled one's.
+    The stalled process's own group waits whatever op the lump falls before; its pipeline
+    neighbours only when it falls before a send. Over a few steps the origin is the group of
+    its replica (same data-parallel coordinates, any stage) that stalls most often. Without
+    coordinates every group keeps its reading."""
+    rate = history.stall_rates(names, z_stall >= Z_REPORT)
+    dp, cp = frame.coord("dp")[rank], frame.coord("cp")[rank]
+    if rank.size == 0 or (dp < 0).any():
+        return z_stall
+    column = np.unique(dp.astype(np.int64) * (int(cp.max()) + 2) + cp + 1,
+                       return_inverse=True)[1].reshape(-1)
+    most = np.zeros(int(column.max()) + 1)
+    np.maximum.at(most, column, rate)
+    return np.where(rate >= most[column], z_stall, 0.0)
 
 
 def _least_waits(

@@ -67,3 +67,34 @@ def test_one_slow_gpu_of_a_two_rank_node_is_that_gpu_not_its_node():
         gpu.update(e for e, k in zip(out.entity, out.kind, strict=True) if k == "gpu")
         node.update(e for e, k in zip(out.entity, out.kind, strict=True) if k == "node")
     assert gpu["rank:18"] >= 10 and node["node:n2-1"] == 0
+
+
+def _moe_frame(step: int, expert_ms: dict[int, float], dense_ms: dict[int, float]):
+    """Eight ranks on four nodes, one stage: dense compute 10 ms, then an expert-parallel
+    dispatch all-to-all, expert kernels (4 ms unless `expert_ms` says), and the combine."""
+    msgs = []
+    for r in range(8):
+        dense, expert = dense_ms.get(r, 10.0), expert_ms.get(r, 4.0)
+        msgs.append(rank_step(r, f"n{r // 2}", step, [
+            ("compute", "fwd", "", 0, 0.0, dense, 0),
+            ("coll", "all_to_all", "ep.0", 1, dense, 1.0, 1 << 20),
+            ("compute", "expert", "", 1, dense + 1.0, expert, 0),
+            ("coll", "all_to_all", "ep.0", 2, dense + 1.0 + expert, 1.0, 1 << 20)]))
+    return frame_of(msgs)
+
+
+def _gpu_suspects(frames) -> list[str]:
+    noise = NoiseMemory()
+    for frame in frames:
+        feats = step_features(frame)
+        out = Candidates()
+        compute_suspects(frame, feats, compute_ratio(frame, feats, stage_keys(frame)), noise, out)
+    return [e for e, k in zip(out.entity, out.kind, strict=True) if k == "gpu"]
+
+
+def test_expert_kernels_loaded_by_routing_are_workload_not_a_slow_gpu():
+    usual = [_moe_frame(s, {}, {}) for s in range(6)]
+    # rank 5 got 3× the tokens: its expert kernels take 12 ms, its dense compute is usual
+    assert _gpu_suspects(usual + [_moe_frame(6, {5: 12.0}, {})]) == []
+    # a slow GPU slows its dense kernels too, and is named
+    assert _gpu_suspects(usual + [_moe_frame(6, {5: 6.0}, {5: 15.0})]) == ["rank:5"]

@@ -228,3 +228,50 @@ def test_a_node_blamed_whole_or_a_slow_network_is_the_explanation_instead():
         out.add("node:n2", "host", 10.0, 0.1)  # the host view blames node n2 as a whole
         untraced_suspects(frame, step_features(frame), tp4, stage_keys(frame), noise, waits, out)
     assert list(zip(out.entity, out.kind, strict=True)) == [("node:n2", "host")]
+
+
+def _stall_frame(step: int, stalls: dict[tuple[int, int], float]):
+    """Two pipeline stages × four data replicas, a tp group of 4 per (stage, replica) on a
+    node of its own, only tp rank 0 traced. Each traced rank computes 10 ms and all-reduces
+    on its tp group four times a step; `stalls` maps (pp, dp) to a wait of that many ms at
+    one of the four all-reduces (which one moves with the step), the others wait 1 ms."""
+    msgs = []
+    for pp in range(2):
+        for dp in range(4):
+            rank, t, ops = pp * 16 + dp * 4, 0.0, []
+            stalled = (step + dp) % 4
+            for k in range(4):
+                wait = stalls.get((pp, dp), 1.0) if k == stalled else 1.0 + 0.01 * dp
+                ops += [("compute", "fwd", "", k, t, 10.0, 0),
+                        ("coll", "all_reduce", f"tp.{pp}-{dp}", k, t + 10.0, wait, 1 << 20)]
+                t += 10.0 + wait
+            msgs.append(rank_step(rank, f"n{pp}{dp}", step, ops,
+                                  coords={"tp": 0, "pp": pp, "dp": dp}))
+    return frame_of(msgs)
+
+
+def _stall_suspects(stalls_of_step, steps: int = 14):
+    topo = Topology(group_size={"tp": 4}, world=32)
+    frames = [_stall_frame(s, {}) for s in range(6)]
+    frames += [_stall_frame(s, stalls_of_step(s)) for s in range(6, 6 + steps)]
+    return _judge(frames, topo)
+
+
+def test_an_untraced_member_that_stalls_once_per_step_names_its_nodes_host():
+    # one of four all-reduces waits 12 ms for an untraced member: the group's total wait
+    # rises while its typical all-reduce does not (a GC pause, a late loader, not a slow GPU)
+    assert _stall_suspects(lambda s: {(1, 2): 12.0}) == [("node:n12", "host")]
+
+
+def test_a_wait_that_triples_but_costs_a_sliver_of_the_step_is_no_stall():
+    # 1.3 ms instead of 1 in a 44 ms step: unusual for the group (×1.3 on its own spread of
+    # nothing), but under 1% of a step, inside a process's ordinary jitter
+    assert _stall_suspects(lambda s: {(1, 2): 1.3}) == []
+
+
+def test_a_stall_passed_down_the_pipeline_is_named_where_it_happens():
+    # when the lump falls before a send, the next stage's untraced receiver is late and its
+    # group waits as long; that happens on some steps, the stall's own group waits on all
+    stalls = lambda s: {(1, 2): 12.0, (0, 2): 12.0} if s % 2 else {(1, 2): 12.0}  # noqa: E731
+    assert _stall_suspects(stalls) == [("node:n12", "host")]
+    assert _stall_suspects(stalls, steps=15) == [("node:n12", "host")]
