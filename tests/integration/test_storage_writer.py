@@ -194,3 +194,26 @@ def test_lost_gpu_hours_per_day_count_each_incident_once_in_its_newest_state(
     (row,) = clean.rows(f"SELECT lost_gpu_seconds_per_step FROM "
                         f"{clean.table('v_open_incidents')} WHERE culprit = 'rank:7'")
     assert row["lost_gpu_seconds_per_step"] == 38.0
+
+
+def test_lost_gpu_hours_are_spread_over_the_days_an_incident_lasted(clean: ClickHouse) -> None:
+    # midnight after the sample clock's start falls at step 17,600 (2 s steps): an incident
+    # opened 4 h before it whose latest step came 2 h after it lost 2/3 of its cost on the
+    # first day and 1/3 on the second; an open hang (no step since) stays on its first day
+    sink = Sink(clean)
+    sink.add_report(make_report("j", 21_200))
+    sink.add_incident(make_incident("j", culprit="node:n1", kind="node", onset_step=10_400,
+                                    opened_step=10_400, last_step=21_200,
+                                    lost_gpu_seconds=6 * 3600, status="resolved",
+                                    resolved_step=21_200))
+    sink.add_incident(make_incident("j", culprit="rank:5", kind="hang", onset_step=10_400,
+                                    opened_step=10_400, last_step=10_400,
+                                    lost_gpu_seconds=3600))
+    sink.flush()
+    rows = clean.rows(
+        f"SELECT day, kind, incidents, opened, still_open, lost_gpu_hours "
+        f"FROM {clean.table('v_incident_cost_daily')} ORDER BY day, kind")
+    day1, day2 = datetime.date(2026, 9, 21), datetime.date(2026, 9, 22)
+    assert [(r["day"], r["kind"], r["incidents"], r["opened"], r["still_open"],
+             round(r["lost_gpu_hours"], 6)) for r in rows] == [
+        (day1, "hang", 1, 1, 1, 1.0), (day1, "node", 1, 1, 0, 4.0), (day2, "node", 1, 0, 0, 2.0)]
