@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from producers.torch_hook.buffer import COLL, END, P2P, OpLog, Row
+from producers.torch_hook.buffer import COLL, P2P, OpLog, Row, seal
 from producers.torch_hook.gpu_timing import GpuSpan, GpuTimer
 from producers.torch_hook.groups import GroupRegistry
 
@@ -207,7 +207,11 @@ class Patcher:
 
     def _wrap_coll(self, orig: Callable[..., Any], spec: CollSpec) -> Callable[..., Any]:
         # Hot path: everything it touches is bound to a local name here, and the op log's
-        # begin/end are inlined (a method call costs as much as the row itself).
+        # begin/end are inlined (a method call costs as much as the row itself). A synchronous
+        # op on the CPU path is logged as a tuple, replaced by its finished tuple in the same
+        # slot when the call returns: the step's rows then hold nothing the cyclic GC walks
+        # (`buffer`'s module doc). Async and GPU-timed ops keep a list row (`OpLog.begin`),
+        # which a callback, a Work or the GPU timer ends later.
         log, groups, stats = self.log, self.groups, self.stats
         infos, rows, pending, clock = groups._infos, log.rows_ref, log.pending, log.clock
         wire, is_list = spec.wire, spec.is_list
@@ -233,29 +237,53 @@ class Patcher:
                 seq = info.seq
                 info.seq = seq + 1
                 is_async = args[a_pos] if n > a_pos >= 0 else kwargs.get(a_kw, False)
-                row = [COLL, wire, info.name, seq, clock(), -1, nbytes, not is_async]
-                rows[0].append(row)
-                pending[id(row)] = row
+                if is_async or info.gpu:
+                    row: Row | None = log.begin(COLL, wire, info.name, seq, nbytes,
+                                                not is_async)
+                else:
+                    row = None
+                    step = rows[0]
+                    gname = info.name
+                    start = clock()
+                    flying = (COLL, wire, gname, seq, start, -1, nbytes, True)
+                    step.append(flying)
+                    key = id(flying)
+                    pending[key] = flying
             except Exception as exc:
                 stats.error(exc)
                 return orig(*args, **kwargs)
-            if info.gpu:
-                return patcher._gpu_coll(orig, args, kwargs, row, is_async, spec)
+            if row is not None:
+                if info.gpu:
+                    return patcher._gpu_coll(orig, args, kwargs, row, is_async, spec)
+                return patcher._async_coll(orig, args, kwargs, row)
             try:
-                out = orig(*args, **kwargs)
-            except BaseException:
-                log.end(row)
-                raise
-            if not is_async or out is None:
-                row[END] = clock()
-                pending.pop(id(row), None)
-                return out
-            return patcher._on_completion(out, [row])
+                return orig(*args, **kwargs)
+            finally:  # the op ends when the call returns or raises
+                done = (COLL, wire, gname, seq, start, clock(), nbytes, True)
+                if step[-1] is flying:  # nothing was logged meanwhile (nearly always)
+                    step[-1] = done
+                else:
+                    seal(step, flying, done)
+                pending.pop(key, None)
 
         wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
         wrapper.__name__ = orig.__name__
         wrapper.__doc__ = orig.__doc__
         return wrapper
+
+    def _async_coll(self, orig: Callable[..., Any], args: tuple[Any, ...],
+                    kwargs: dict[str, Any], row: Row) -> Any:
+        """The rest of an async collective on the CPU path, once its row is logged."""
+        log = self.log
+        try:
+            out = orig(*args, **kwargs)
+        except BaseException:
+            log.end(row)
+            raise
+        if out is None:
+            log.end(row)
+            return out
+        return self._on_completion(out, [row])
 
     def _gpu_start(self, row: Row, on_cuda: bool) -> GpuSpan | None:
         return self.gpu.start(row) if on_cuda and self.gpu is not None else None
