@@ -193,7 +193,8 @@ def network_suspects(
         if z < Z_REPORT:
             break
         if ent_kinds[best] == "link" and ent_nodes[best].size == 1:
-            best = _disambiguate_node(best, score, ent_kinds, ent_nodes)
+            twins = _same_slow_instances(best, e_left, ie, ii, ent_kinds, ent_nodes)
+            best = _disambiguate_node(best, score, ent_kinds, ent_nodes, twins)
             if best < 0:
                 break  # several nodes explain it equally and no switch holds them all
         ids = ii[ie == best]
@@ -234,18 +235,47 @@ def _refuted_by_complete(
     return (n_complete == 0) | (n_slow < 0.5 * n_complete)
 
 
+def _same_slow_instances(
+    best: int,
+    e: np.ndarray,
+    ie: np.ndarray,
+    ii: np.ndarray,
+    kinds: list[str],
+    nodes: list[np.ndarray],
+) -> np.ndarray:
+    """(E,) bool: the other nodes on every slow instance of node `best`, and on no other.
+
+    The two ends of a data-parallel pair share their all-reduces: when only those are slow
+    (a flapping NIC's burst that touched nothing else), the step cannot say which end's NIC
+    it was. Their scores still differ, by the fast instances each has elsewhere, which says
+    nothing about the slow ones; a drill named the wrong end that way."""
+    slow = (e[ii] > 0)
+    mine = np.zeros(e.size, dtype=bool)
+    mine[ii[(ie == best) & slow]] = True
+    on_mine = np.bincount(ie, weights=(mine[ii] & slow), minlength=len(kinds))
+    on_any = np.bincount(ie, weights=slow, minlength=len(kinds))
+    is_node = np.array([k == "link" and n.size == 1 for k, n in zip(kinds, nodes, strict=True)])
+    n_mine = int(mine.sum())
+    return is_node & (n_mine > 0) & (on_mine == n_mine) & (on_any == n_mine)
+
+
 def _disambiguate_node(
     best: int,
     score: np.ndarray,
     kinds: list[str],
     nodes: list[np.ndarray],
+    twins: np.ndarray,
 ) -> int:
     """A node is blamed only if it stands out; nodes tied with it point to what they share.
 
     When several nodes explain the slow transfers equally (every dp group of a stage spans
     all its nodes, and all pipeline links are slow), no NIC is singled out: the smallest
-    switch under which all of them sit is the suspect, or nobody.
+    switch under which all of them sit is the suspect, or nobody. Nodes with exactly the
+    same slow instances (`twins`, a pair's shared all-reduces) name nobody: a switch slows
+    more than one pair's transfers.
     """
+    if int(twins.sum()) > 1:
+        return -1
     is_node = np.array([k == "link" and n.size == 1 for k, n in zip(kinds, nodes, strict=True)])
     tied = np.flatnonzero(is_node & (score >= _NODE_TIE * score[best]))
     if tied.size <= 1:

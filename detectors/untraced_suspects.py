@@ -248,7 +248,7 @@ def untraced_suspects(
     z = np.where(upstream, 0.0, z)
     z_stall = _stall_z(feats, g_wait, ref, z_peer, z_total, noise)
     z_stall = np.where(local & ~upstream & (z < Z_REPORT), z_stall, 0.0)
-    z_stall = _stall_origins(frame, [all_names[i] for i in sel], g_rank, z_stall, history)
+    z_stall = _stall_origins(frame, [all_names[i] for i in sel], g_rank, z_stall, history, out)
     # a change its own history calls significant is not learnt as usual, whatever the peers;
     # nor is a stall's long total (its typical instance stays usual, and is learnt)
     unusual = np.nan_to_num(all_z_own) >= Z_REPORT
@@ -326,25 +326,46 @@ def _stall_z(
 
 def _stall_origins(
     frame: StepFrame, names: list[str], rank: np.ndarray, z_stall: np.ndarray,
-    history: WaitHistory,
+    history: WaitHistory, out: Candidates,
 ) -> np.ndarray:
-    """`z_stall` kept only on the groups that stall most often in their data replica.
+    """`z_stall` kept only on the groups that stall most often in their data replica, and
+    not in a replica where a traced rank or a node is already a suspect.
 
     A stall travels down the pipeline: when the lump falls before a send, the next stage's
     untraced receiver is late by as much and its group waits as long as the stalled one's.
     The stalled process's own group waits whatever op the lump falls before; its pipeline
     neighbours only when it falls before a send. Over a few steps the origin is the group of
-    its replica (same data-parallel coordinates, any stage) that stalls most often. Without
-    coordinates every group keeps its reading."""
+    its replica (same data-parallel coordinates, any stage) that stalls most often. When the
+    stalled (or slow) rank is traced, the views that see it name it, and its replica's
+    untraced groups only pass its lateness on. Without coordinates every group keeps its
+    reading."""
     rate = history.stall_rates(names, z_stall >= Z_REPORT)
-    dp, cp = frame.coord("dp")[rank], frame.coord("cp")[rank]
-    if rank.size == 0 or (dp < 0).any():
+    if rank.size == 0 or (frame.coord("dp") < 0).any():
         return z_stall
-    column = np.unique(dp.astype(np.int64) * (int(cp.max()) + 2) + cp + 1,
-                       return_inverse=True)[1].reshape(-1)
+    column = _replica_columns(frame)
     most = np.zeros(int(column.max()) + 1)
-    np.maximum.at(most, column, rate)
-    return np.where(rate >= most[column], z_stall, 0.0)
+    np.maximum.at(most, column[rank], rate)
+    explained = np.zeros(most.size, dtype=bool)
+    explained[column[_suspect_ranks(frame, out)]] = True
+    return np.where((rate >= most[column[rank]]) & ~explained[column[rank]], z_stall, 0.0)
+
+
+def _replica_columns(frame: StepFrame) -> np.ndarray:
+    """(R,) one key per data replica (its dp and cp coordinates, any pipeline stage)."""
+    dp, cp = frame.coord("dp").astype(np.int64), frame.coord("cp").astype(np.int64)
+    return np.unique(dp * (int(cp.max()) + 2) + cp + 1, return_inverse=True)[1].reshape(-1)
+
+
+def _suspect_ranks(frame: StepFrame, out: Candidates) -> np.ndarray:
+    """Rank indices the step's other views already name: a rank suspect itself, or every
+    traced rank of a node suspect."""
+    ranks = {int(e[5:]) for e in out.entity if e.startswith("rank:")}
+    nodes = {e[5:] for e in out.entity if e.startswith("node:")}
+    idx = np.searchsorted(frame.rank, np.fromiter(ranks, dtype=np.int64, count=len(ranks)))
+    idx = idx[(idx < frame.n_ranks)]
+    idx = idx[np.isin(frame.rank[idx], list(ranks))]
+    on_node = np.isin(np.asarray(frame.nodes, dtype=object)[frame.node], list(nodes))
+    return np.union1d(idx, np.flatnonzero(on_node)).astype(np.int64)
 
 
 def _least_waits(

@@ -51,3 +51,32 @@ def test_a_nic_whose_complete_instances_are_slow_too_is_named():
 def test_with_every_rank_traced_nothing_is_refuted():
     # the layout and the world agree that all ranks report: the shortest copy is the transfer
     assert ("node:n0", "link") in _named(_frame(slow_p2p=False), world=6)
+
+
+def _pair_frame(slow_links: set[str]):
+    """Four nodes of one rank each: data-parallel pairs dp.0 (n0, n1) and dp.1 (n2, n3), three
+    all-reduces each; pipeline transfers n0→n2, n1→n3 and n0→n3, three each. The groups and
+    links in `slow_links` take 40 ms instead of 10."""
+    ops: dict[int, list] = {r: [] for r in range(4)}
+    t = 0.0
+    for group, (a, b), kind in (("dp.0", (0, 1), "coll"), ("dp.1", (2, 3), "coll"),
+                                ("pp.0", (0, 2), "p2p"), ("pp.1", (1, 3), "p2p"),
+                                ("pp.2", (0, 3), "p2p")):
+        for seq in range(3):
+            dur = 40.0 if group in slow_links else 10.0
+            if kind == "coll":
+                for r in (a, b):
+                    ops[r].append(("coll", "all_reduce", group, seq, t, dur, 1 << 20))
+            else:
+                ops[a].append(("p2p", "send", group, seq, t, dur, 1 << 16))
+                ops[b].append(("p2p", "recv", group, seq, t, dur, 1 << 16))
+            t += 50.0
+    return frame_of([rank_step(r, f"n{r}", 0, ops[r]) for r in range(4)])
+
+
+def test_a_pairs_shared_all_reduces_alone_do_not_say_which_end_is_slow():
+    # only dp.0 is slow: n1 has fewer fast transfers elsewhere than n0 and would score
+    # higher, but nothing in the step tells its NIC from n0's
+    assert _named(_pair_frame({"dp.0"}), world=4) == []
+    # n1's pipeline transfers are slow too: that is n1's NIC
+    assert _named(_pair_frame({"dp.0", "pp.1"}), world=4) == [("node:n1", "link")]

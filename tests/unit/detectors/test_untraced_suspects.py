@@ -275,3 +275,24 @@ def test_a_stall_passed_down_the_pipeline_is_named_where_it_happens():
     stalls = lambda s: {(1, 2): 12.0, (0, 2): 12.0} if s % 2 else {(1, 2): 12.0}  # noqa: E731
     assert _stall_suspects(stalls) == [("node:n12", "host")]
     assert _stall_suspects(stalls, steps=15) == [("node:n12", "host")]
+
+
+def test_a_stall_passed_on_from_a_traced_rank_is_that_ranks():
+    # rank 24 (stage 1, replica 2) is traced and stalls: the host view names it, and the
+    # untraced receiver in stage 0 of its replica only passes its lateness on to its group
+    topo = Topology(group_size={"tp": 4}, world=32)
+    frames = [_stall_frame(s, {}) for s in range(6)]
+    frames += [_stall_frame(s, {(0, 2): 12.0}) for s in range(6, 20)]
+
+    def named(seen_by_host: bool):
+        noise, waits = NoiseMemory(), WaitHistory()
+        for frame in frames:
+            out = Candidates()
+            if seen_by_host:
+                out.add("rank:24", "host", 9.0, 0.012, "idle +12 ms per step between its ops")
+            untraced_suspects(frame, step_features(frame), topo, stage_keys(frame), noise,
+                              waits, out)
+        return list(zip(out.entity, out.kind, strict=True))
+
+    assert named(seen_by_host=False) == [("node:n02", "host")]
+    assert named(seen_by_host=True) == [("rank:24", "host")]
