@@ -8,7 +8,9 @@ structure, once as it ran and once with the culprit made typical, and the job's 
 difference between the two step times.
 
 The replay model, on one clock where each rank begins the step when it did (ranks of
-different pipeline stages begin at different times):
+different pipeline stages begin at different times); node clocks disagree by milliseconds,
+so each node's stamps are first put on that clock by the offset that lines up the ends of
+the collectives it shares with other nodes (`clock_offsets`):
 - an op starts after the op of its rank that ended last before it started (its
   predecessor), plus the lag it had after that one (launch gaps, host work between ops);
   ops that overlapped (async collectives, comm streams) stay overlapped;
@@ -18,12 +20,20 @@ different pipeline stages begin at different times):
 - a member that is not traced arrives when the instance's traced copies say it did (their
   end less the transfer), unless it is the culprit.
 
-The counterfactual changes only the culprit's part: a rank's or node's compute at its stage
-peers' typical time (its compute ratio), a starved host's lags too, a NIC's, link's or
-switch's transfers at the typical transfer of their kind in this step, an untraced culprit's
-arrivals with the traced members. Both replays share the model's errors, so the job's
-slowdown is their ratio and the lost time is the actual step time less the actual step time
-over that slowdown.
+The counterfactual changes only the culprit's part: a GPU's compute at its tensor-parallel
+peers' typical time (they compute the same data), a node's (or a GPU's without traced
+peers) at its stage peers' typical time times the load of its data replica in this step
+(sequence lengths differ by replica and step), a starved host's lags too, a NIC's, link's
+or switch's transfers at the usual transfer of their kind. Untraced members arrive with
+the traced ones when they may be the culprit (an untraced culprit, a node's untraced GPUs,
+the far end of a slow link), and otherwise as much earlier as the culprit is ahead without
+its excess by then: a traced GPU's untraced peers and pipeline neighbours were late by
+waiting on it. And each rank begins the step when it ended the step before in that step's
+what-if: a rank begins a step when it ended the last one, so a fault stretches the stagger
+of the stages' starts too (`UsualStep.chained_origins`; on the first step priced, the step
+before is taken to have lost what this one does, within how much later than usual each rank
+began). Both replays share the model's errors, so the job's slowdown is their ratio and the
+lost time is the actual step time less the actual step time over that slowdown.
 
 Two ranks compute, then all-reduce (5 ms of transfer), then compute 20 ms each and
 all-reduce again; rank 1 computes 30 ms instead of 10 ms first. Its peer waits 20 ms for it,
@@ -60,7 +70,7 @@ from detectors.peers import replica_keys, stage_keys
 from detectors.reconcile import NETWORK_KINDS
 from detectors.segments import grouped_median, grouped_quantile
 from schemas.frame import StepFrame
-from schemas.rankstep import COMPUTE
+from schemas.rankstep import COMPUTE, P2P
 
 # bits of an instance's copies (at most 2^20, as the wire allows ranks) in its packed kind
 _COPIES_BITS = 21
@@ -89,13 +99,15 @@ class JobCost:
 
 
 class UsualStep(Stateful):
-    """What the job's healthy steps look like, for the counterfactual of a fault that changes
-    the step as a whole:
+    """What the job's healthy steps look like, and what a culprit's last what-if left, for
+    the counterfactual of a fault that changes the step as a whole:
     - the usual transfer of each kind of instance (op, size, members, across nodes or not):
       a bad switch under most of the job slows most instances of every kind, so the step
       itself no longer shows what a transfer should take;
     - when each rank usually begins its step after the first one (pipeline stages begin
-      apart): a fault stretches that stagger too, through the step before.
+      apart), and how much earlier each rank ended the last step priced for a culprit in
+      its what-if: a rank begins a step when it ended the one before, so a fault stretches
+      that stagger too, through the step before (`chained_origins`, `first_origins`).
 
     Per kind, the lower quartile of its per-step medians over the last `window` healthy
     steps, and per rank the median of its start offsets; the diagnoser feeds transfers only
@@ -106,8 +118,12 @@ class UsualStep(Stateful):
     def __init__(self, window: int = 50) -> None:
         self.window = window
         self.seen: dict[tuple[str, int, int, bool], list[float]] = {}
-        self.starts = np.full((window, 0), np.nan)  # ring of per-rank start offsets (ns)
+        # ring of per-rank start offsets (ns) as stamped: node clocks are lined up when used
+        self.starts = np.full((window, 0), np.nan)
         self._row = 0
+        # (kind, entity) → the last step priced for it, its ranks (sorted), and how much
+        # earlier each of them ended that step in the what-if than as it ran (ns)
+        self.leads: dict[tuple[str, str], tuple[int, np.ndarray, np.ndarray]] = {}
 
     def update(self, frame: StepFrame, feats: StepFeatures) -> None:
         inst = feats.inst
@@ -132,21 +148,56 @@ class UsualStep(Stateful):
         row[frame.rank] = _origins(frame)
         self._row += 1
 
-    def usual_origins(self, frame: StepFrame) -> np.ndarray:
-        """(R,) when each of the frame's ranks usually begins the step, never later than it
-        did in this one."""
-        now = _origins(frame)
+    def stretch(self, frame: StepFrame, skew_ns: np.ndarray | None = None) -> np.ndarray:
+        """(R,) how much later than usual each of the frame's ranks began the step, after
+        the first one (ns, never below 0; 0 for a rank never seen)."""
+        now = _origins(frame, skew_ns)
         if self._row == 0 or frame.n_ranks == 0:
-            return now
+            return np.zeros(frame.n_ranks)
         known = frame.rank < self.starts.shape[1]
-        past = np.full(frame.n_ranks, np.nan)
         seen = self.starts[:, frame.rank[known]]
         has = ~np.isnan(seen).all(axis=0)
-        med = np.full(seen.shape[1], np.nan)
-        if has.any():
-            med[has] = np.nanmedian(seen[:, has], axis=0)
-        past[known] = med
-        return np.where(np.isfinite(past), np.minimum(past, now), now)
+        usual = np.full(frame.n_ranks, np.nan)
+        usual[np.flatnonzero(known)[has]] = np.nanmedian(seen[:, has], axis=0)
+        if skew_ns is not None and skew_ns.size:
+            usual -= skew_ns[frame.node]
+        usual -= np.nanmin(usual) if np.isfinite(usual).any() else 0.0
+        return np.where(np.isfinite(usual), np.maximum(now - usual, 0.0), 0.0)
+
+    def chained_origins(
+        self, frame: StepFrame, culprit: tuple[str, str], skew_ns: np.ndarray | None = None
+    ) -> np.ndarray | None:
+        """(R,) when each of the frame's ranks would have begun the step without `culprit`
+        (on the replay's clock, `_origins`), when the step before was priced for it: each
+        rank as much earlier as it ended that step in its what-if. The stagger moves with
+        the step before's work (sequence lengths differ by replica and step), so this is
+        closer than the healthy steps' stagger. None when the step before was not priced."""
+        last = self.leads.get(culprit)
+        if last is None or last[0] != frame.step - 1 or frame.n_ranks == 0 or last[1].size == 0:
+            return None
+        _, ranks, lead = last
+        pos = np.minimum(np.searchsorted(ranks, frame.rank), ranks.size - 1)
+        known = ranks[pos] == frame.rank
+        # a rank that did not report the step before began with the median rank
+        return _origins(frame, skew_ns) - np.where(known, lead[pos], float(np.median(lead)))
+
+    def first_origins(
+        self, frame: StepFrame, lead_ns: np.ndarray, skew_ns: np.ndarray | None = None
+    ) -> np.ndarray:
+        """(R,) when each rank would have begun the first step priced for a culprit without
+        it: as much earlier as the culprit's what-if of this very step ends it (`lead_ns`),
+        taken for the step before's, which was not priced (the fault was there already: an
+        incident opens after a few steps), but never earlier than the rank usually begins:
+        a later start may also be the step before's pause (a checkpoint, an evaluation),
+        which is there without the fault too, or a fault that came and went."""
+        return _origins(frame, skew_ns) - np.clip(lead_ns, 0.0, self.stretch(frame, skew_ns))
+
+    def remember(self, frame: StepFrame, culprit: tuple[str, str], lead_ns: np.ndarray) -> None:
+        """`culprit`'s what-if of this step ended each rank `lead_ns` earlier than its replay
+        as it ran (for `chained_origins` of the next step); older steps are forgotten."""
+        self.leads = {k: v for k, v in self.leads.items() if v[0] >= frame.step - 1}
+        order = np.argsort(frame.rank, kind="stable")
+        self.leads[culprit] = (frame.step, frame.rank[order].copy(), lead_ns[order])
 
     def usual(self, frame: StepFrame, feats: StepFeatures) -> np.ndarray:
         """(I,) the usual transfer of each instance's kind; NaN for a kind never seen."""
@@ -168,6 +219,10 @@ class _Change:
     transfer_s: np.ndarray  # (I,) the instance's transfer
     arrival_ns: np.ndarray  # (I,) when its untraced members arrive (-inf: with the traced)
     origin: np.ndarray | None = None  # (R,) when each rank begins the step (None: as it did)
+    skew_ns: np.ndarray | None = None  # (nodes,) node clock offsets (`clock_offsets`)
+    # (ranks,) a traced culprit's: untraced members' set arrivals move as much earlier as
+    # its own excess puts it ahead by then (`_followed_arrival`; None: they keep them)
+    follow: np.ndarray | None = None
 
 
 def job_cost(
@@ -188,13 +243,15 @@ def job_cost(
     per group kind from the job's layout (to see which instances miss untraced members);
     `switch_of`: node → switch, for a switch culprit; `history`: the job's usual transfers
     (without it, a network culprit's transfers are brought to those of the step's other
-    instances).
+    instances) and how the culprit's what-if of the step before ended, which this one
+    begins with and updates (without it, each rank begins the step as it did).
     """
     inst = feats.inst
     span = (frame.t_end_ns - frame.t_start_ns).astype(np.float64)
     actual = float(np.median(span)) / 1e9 if span.size else 0.0
     if frame.n_ops == 0 or actual <= 0:
         return JobCost(actual, actual)
+    skew = clock_offsets(frame, inst)
     short = _missing_members(frame, inst.group, inst.n_copies, group_size or {})
     typical = _typical_transfer(inst)
     # an instance that misses untraced members: if even its shortest copy lasted well over
@@ -202,14 +259,23 @@ def job_cost(
     # the typical transfer before the copies ended; otherwise a traced member was last
     late = short & (inst.transfer_s > _UNTRACED_LATE * typical + _UNTRACED_SLACK_S)
     transfer = np.where(late, typical, inst.transfer_s)
-    arrival = np.where(late, _earliest_copy_end(frame, inst) - transfer * 1e9, -np.inf)
-    same = _Change(np.ones(frame.n_ops), np.ones(frame.n_ops), transfer, arrival)
+    arrival = np.where(late, _earliest_copy_end(frame, inst, skew) - transfer * 1e9, -np.inf)
+    same = _Change(np.ones(frame.n_ops), np.ones(frame.n_ops), transfer, arrival, None, skew)
     change = _change(frame, feats, kind, entity, ratio, stages or stage_keys(frame), same,
                      typical, switch_of or {}, history)
+    change.skew_ns = skew
     if history is not None:
-        change.origin = history.usual_origins(frame)
-    base = float(np.median(replay(frame, feats, same)))
-    what_if = float(np.median(replay(frame, feats, change)))
+        change.origin = history.chained_origins(frame, (kind, entity), skew)
+    spans = replay(frame, feats, same)
+    if history is not None and change.origin is None:
+        change.origin = history.first_origins(frame, spans - replay(frame, feats, change), skew)
+    spans_without = replay(frame, feats, change)
+    if history is not None:
+        origin = _origins(frame, skew)
+        after = origin if change.origin is None else change.origin
+        history.remember(frame, (kind, entity), origin + spans - (after + spans_without))
+    base = float(np.median(spans))
+    what_if = float(np.median(spans_without))
     if base <= 0:
         return JobCost(actual, actual)
     return JobCost(actual, actual * min(what_if / base, 1.0))
@@ -218,16 +284,26 @@ def job_cost(
 def _typical_transfer(inst: Instances) -> np.ndarray:
     """(I,) the typical transfer of each instance's kind: the network reference where there
     is one, else the lower quartile of the instances with the same op and size (partial
-    instances included: most of them wait on healthy members), never above its own."""
+    instances included: most of them wait on healthy members), never above its own. A p2p
+    transfer whose other end is not traced lasts from its traced end's post to the end: the
+    whole wait when that end posts first, so where the step has p2p pairs of the same size
+    with both ends traced, their lower quartile (the pair's name is its first copy's, send
+    or recv) bounds it too."""
     ref = transfer_reference(inst)
     if inst.transfer_s.size == 0:
         return ref
     _, bcode = np.unique(inst.bytes, return_inverse=True)
-    key = (inst.kind.astype(np.int64) * (int(inst.name.max()) + 1) + inst.name) * (
-        int(bcode.max()) + 1) + bcode.reshape(-1)
+    bcode = bcode.reshape(-1)
+    n_bytes = int(bcode.max()) + 1
+    key = (inst.kind.astype(np.int64) * (int(inst.name.max()) + 1) + inst.name) * n_bytes + bcode
     _, sig = np.unique(key, return_inverse=True)
     sig = sig.reshape(-1)
     low = grouped_quantile(inst.transfer_s, sig, int(sig.max()) + 1, REF_QUANTILE)[sig]
+    p2p = inst.kind == P2P
+    pairs = p2p & (inst.n_copies >= 2)
+    if pairs.any():
+        pair = grouped_quantile(inst.transfer_s[pairs], bcode[pairs], n_bytes, REF_QUANTILE)
+        low = np.where(p2p & np.isfinite(pair[bcode]), np.minimum(low, pair[bcode]), low)
     best = np.where(np.isfinite(ref), np.minimum(ref, low), low)
     return np.minimum(best, inst.transfer_s)
 
@@ -267,13 +343,15 @@ def _transfer_elsewhere(frame: StepFrame, inst: Instances, hit: np.ndarray) -> n
     return grouped_median(inst.transfer_s[~hit], sig[~hit], len(keys))[sig]
 
 
-def _earliest_copy_end(frame: StepFrame, inst: Instances) -> np.ndarray:
+def _earliest_copy_end(
+    frame: StepFrame, inst: Instances, skew_ns: np.ndarray | None = None
+) -> np.ndarray:
     """(I,) the earliest end of an instance's copies on the replay's clock (ns)."""
     comm = np.flatnonzero(frame.op_kind != COMPUTE)
     out = np.full(inst.transfer_s.size, np.inf)
     if comm.size:
         ends = (frame.op_start_ns[comm] + frame.op_dur_ns[comm]).astype(np.float64)
-        ends += _origins(frame)[frame.op_rank_index()[comm]]
+        ends += _origins(frame, skew_ns)[frame.op_rank_index()[comm]]
         np.minimum.at(out, inst.copy_inst, ends)
     return out
 
@@ -331,11 +409,7 @@ def _change(
     culprit = np.repeat(mine, np.diff(frame.off))
     if feats.has_compute:
         compute = np.flatnonzero(frame.op_kind == COMPUTE)
-        # one GPU is measured against its tensor-parallel replica, which computes the same
-        # data (sequence lengths differ between replicas, and that is no fault of it)
-        peers = (replica_keys(frame) if kind == "gpu" else None) or stages
-        dur = _toward_peers(frame, peers, frame.op_dur_ns.astype(np.float64), compute,
-                            culprit, per_op)
+        dur = _compute_without(frame, kind, stages, compute, culprit, per_op)
     if kind == "host" or not feats.has_compute:
         # a starved host stretches the gaps before ops; without compute ops the gaps are the
         # compute (the ratio is measured on them)
@@ -343,10 +417,12 @@ def _change(
         lag = _toward_peers(frame, stages, lags, np.arange(frame.n_ops), culprit,
                             per_op if not feats.has_compute else np.ones(frame.n_ops))
     # a node's (or host's) untraced GPUs are as slow as its traced ones: without it, they
-    # arrive with the rest; one traced GPU's untraced peers are healthy and keep their time
-    one_gpu = what == "rank"
-    return _Change(dur, lag, transfer, same.arrival_ns if one_gpu else _with_traced(
-        same.arrival_ns))
+    # arrive with the rest; one traced GPU's untraced peers are healthy, but late by as much
+    # as they waited on it (its pipeline neighbours, and theirs, wait on its tensor-parallel
+    # peers): they keep their time less how far ahead its own timeline is without it by then
+    if what == "rank":
+        return _Change(dur, lag, transfer, same.arrival_ns, follow=ranks)
+    return _Change(dur, lag, transfer, _with_traced(same.arrival_ns))
 
 
 def _with_traced(arrival_ns: np.ndarray) -> np.ndarray:
@@ -389,6 +465,57 @@ def _peer_typical(
     if peer.any():
         typical = grouped_median(values[rows][peer], code[peer], uniq.size)
     return typical[code]
+
+
+def _compute_without(
+    frame: StepFrame, kind: str, stages: tuple[np.ndarray, int], rows: np.ndarray,
+    culprit: np.ndarray, fallback: np.ndarray,
+) -> np.ndarray:
+    """(N,) factor on each compute op's duration without the culprit's excess: its
+    tensor-parallel peers' typical duration (one GPU; they compute the same data), else its
+    stage peers' times the load of its data replica in this step, else `fallback`."""
+    values = frame.op_dur_ns.astype(np.float64)
+    out = np.ones(frame.n_ops)
+    if rows.size == 0 or not culprit[rows].any():
+        return out
+    typical = np.full(rows.size, np.nan)
+    replicas = replica_keys(frame) if kind == "gpu" else None
+    if replicas is not None:
+        typical = _peer_typical(frame, replicas, values, rows, culprit)
+    need = ~np.isfinite(typical) & culprit[rows]
+    if need.any():
+        stage = _peer_typical(frame, stages, values, rows, culprit)
+        load = _replica_load(frame, values, rows, culprit, stage)
+        typical = np.where(need, stage * load[frame.op_rank_index()[rows]], typical)
+    v = values[rows]
+    ok = np.isfinite(typical) & (v > 0)
+    factor = np.where(ok, np.minimum(typical / np.where(v > 0, v, 1.0), 1.0), fallback[rows])
+    out[rows] = np.where(culprit[rows], factor, 1.0)
+    return out
+
+
+def _replica_load(
+    frame: StepFrame, values: np.ndarray, rows: np.ndarray, culprit: np.ndarray,
+    typical: np.ndarray,
+) -> np.ndarray:
+    """(R,) the load of each rank's data replica in this step, against its stage peers: the
+    median, over the replica's ranks that are not the culprit, of their compute `rows`
+    against their stage peers' `typical`. Every pipeline stage and tensor-parallel rank of a
+    replica computes the same samples, and sequence lengths differ by replica and step, so
+    stage peers on other replicas compute more or less than the culprit would have; 1 where
+    the replicas are not known (no data-parallel coordinate) or have no other rank."""
+    dp = frame.coord("dp")
+    if frame.n_ranks == 0 or (dp < 0).any():
+        return np.ones(frame.n_ranks)
+    ri = frame.op_rank_index()[rows]
+    v = values[rows]
+    ok = ~culprit[rows] & (typical > 0) & (v > 0)  # NaN typical compares False
+    per_rank = grouped_median(v[ok] / typical[ok], ri[ok], frame.n_ranks)
+    _, code = np.unique(dp, return_inverse=True)
+    code = code.reshape(-1)
+    known = np.isfinite(per_rank)
+    load = grouped_median(per_rank[known], code[known], int(code.max()) + 1)[code]
+    return np.where(np.isfinite(load), load, 1.0)
 
 
 def _toward_peers(
@@ -440,8 +567,8 @@ def replay(frame: StepFrame, feats: StepFeatures, change: _Change) -> np.ndarray
     dur = frame.op_dur_ns.astype(np.float64)
     end = start + dur
     pred = _predecessors(ri, start, end)
-    lag = np.maximum(np.where(pred >= 0, start - end[np.maximum(pred, 0)], start), 0.0)
-    lag = lag * change.lag
+    lag0 = np.maximum(np.where(pred >= 0, start - end[np.maximum(pred, 0)], start), 0.0)
+    lag = lag0 * change.lag
     new_dur = dur * change.dur
     comm = np.flatnonzero(frame.op_kind != COMPUTE)
     inst = feats.inst
@@ -454,10 +581,12 @@ def replay(frame: StepFrame, feats: StepFeatures, change: _Change) -> np.ndarray
     arrival = change.arrival_ns
     transfer_ns = change.transfer_s * 1e9
     is_comm = frame.op_kind != COMPUTE
-    actual_origin = _origins(frame)
+    actual_origin = _origins(frame, change.skew_ns)
     origin = actual_origin if change.origin is None else change.origin
     end = end + actual_origin[ri]
     new_end = end.copy()
+    arrival = _followed_arrival(ri, end, dur * (1.0 - change.dur) + lag0 * (1.0 - change.lag),
+                                actual_origin - origin, arrival, change.follow)
     per_rank = np.diff(frame.off)
     rounds = 2 * int(per_rank.max(initial=0)) + 8
     for _ in range(rounds):
@@ -474,21 +603,92 @@ def replay(frame: StepFrame, feats: StepFeatures, change: _Change) -> np.ndarray
         if moved < _CONVERGED_NS:
             break
     tail = (frame.t_end_ns - frame.t_start_ns).astype(np.float64)
-    last_actual = np.full(frame.n_ranks, 0.0)
-    last_new = np.full(frame.n_ranks, 0.0)
+    # a rank without ops ends where it began
+    last_actual = actual_origin.copy()
+    last_new = origin.copy()
     if frame.n_ops:
         np.maximum.at(last_actual, ri, end)
         np.maximum.at(last_new, ri, new_end)
     return np.maximum(tail - (last_actual - actual_origin), 0.0) + last_new - origin
 
 
-def _origins(frame: StepFrame) -> np.ndarray:
-    """(R,) when each rank began the step, from the first rank's start (ns). Ranks begin a
-    step when their last one ended, which differs by pipeline stage; node clocks agree to
-    far less than a step, so the replay runs on one clock with each rank starting there."""
+def _followed_arrival(
+    ri: np.ndarray, end: np.ndarray, saved: np.ndarray, earlier: np.ndarray,
+    arrival: np.ndarray, ranks: np.ndarray | None,
+) -> np.ndarray:
+    """(I,) `arrival` (untraced members' set arrivals, on the replay's clock), each less how
+    far ahead the culprit's `ranks` are without their excess by then: how much earlier they
+    began the step (`earlier`, per rank) and the time `saved` (per op) on their ops that
+    ended before it. Their own excess only, not their ends in the replay: those wait on the
+    very arrivals being moved. As it is without `ranks`."""
+    if ranks is None or ranks.size == 0:
+        return arrival
+    late = np.flatnonzero(np.isfinite(arrival))
+    ops = np.flatnonzero(np.isin(ri, ranks)) if late.size else np.zeros(0, np.int64)
+    if ops.size == 0:
+        return arrival
+    ops = ops[np.argsort(end[ops], kind="stable")]
+    k = np.searchsorted(end[ops], arrival[late], side="right") - 1
+    ahead = np.cumsum(saved[ops])[np.maximum(k, 0)] + earlier[ri[ops[np.maximum(k, 0)]]]
+    ahead = np.where(k >= 0, ahead, float(np.median(earlier[ranks])))
+    out = arrival.copy()
+    out[late] -= np.maximum(ahead, 0.0)
+    return out
+
+
+def _origins(frame: StepFrame, skew_ns: np.ndarray | None = None) -> np.ndarray:
+    """(R,) when each rank began the step, from the first rank's start (ns), on one clock:
+    each node's stamps less its clock's offset (`clock_offsets`; none: taken as agreeing).
+    Ranks begin a step when their last one ended, which differs by pipeline stage."""
     if frame.n_ranks == 0:
         return np.zeros(0)
-    return (frame.t_start_ns - frame.t_start_ns.min()).astype(np.float64)
+    start = (frame.t_start_ns - frame.t_start_ns.min()).astype(np.float64)
+    if skew_ns is not None and skew_ns.size:
+        start = start - skew_ns[frame.node]
+    return start - start.min()
+
+
+def clock_offsets(frame: StepFrame, inst: Instances, tol_ns: float = 100.0) -> np.ndarray:
+    """(nodes,) each node's clock offset (ns, mean zero), from the collectives that span
+    nodes: every copy of an instance ends at the same moment (the last arrival plus the
+    transfer), so the offsets are those that best line up the copies' ends (least squares,
+    by conjugate gradients on the node graph's Laplacian; a few iterations). Node clocks
+    disagree by milliseconds, which is a tenth of a 0.5 s step's slack: replayed on the
+    stamps as they are, the ranks of a late-stamping node look late to every collective."""
+    n_nodes = len(frame.nodes)
+    out = np.zeros(n_nodes)
+    comm = np.flatnonzero(frame.op_kind != COMPUTE)
+    if n_nodes < 2 or comm.size != inst.copy_inst.size or comm.size == 0:
+        return out
+    use = inst.cross_node[inst.copy_inst]
+    if not use.any():
+        return out
+    t0 = (frame.t_start_ns - frame.t_start_ns.min()).astype(np.float64)
+    end = (t0[inst.copy_rank] + frame.op_start_ns[comm] + frame.op_dur_ns[comm])[use]
+    copy_inst, node = inst.copy_inst[use], frame.node[inst.copy_rank[use]]
+    n_inst = inst.transfer_s.size
+    per_inst = np.maximum(np.bincount(copy_inst, minlength=n_inst), 1)
+
+    def centred(v: np.ndarray) -> np.ndarray:  # v less its instance's mean, summed by node
+        mean = np.bincount(copy_inst, weights=v, minlength=n_inst) / per_inst
+        return np.bincount(node, weights=v - mean[copy_inst], minlength=n_nodes)
+
+    b = centred(end)
+    x = np.zeros(n_nodes)
+    r, p = b.copy(), b.copy()
+    rs = float(r @ r)
+    for _ in range(2 * n_nodes):
+        if rs < tol_ns * tol_ns:
+            break
+        ap = centred(p[node])
+        curv = float(p @ ap)
+        if curv <= 0:
+            break
+        x += rs / curv * p
+        r -= rs / curv * ap
+        rs, last = float(r @ r), rs
+        p = r + rs / last * p
+    return x - x.mean()
 
 
 def _predecessors(ri: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

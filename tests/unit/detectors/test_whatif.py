@@ -7,7 +7,7 @@ from detectors.compute_suspects import compute_ratio
 from detectors.features import step_features
 from detectors.peers import stage_keys
 from detectors.testing import frame_of, rank_step
-from detectors.whatif import job_cost
+from detectors.whatif import UsualStep, clock_offsets, job_cost
 
 
 def _cost(frame, kind, entity, group_size=None, switch_of=None):
@@ -111,3 +111,149 @@ def test_no_ops_no_cost():
     cost = _cost(frame, "gpu", "rank:0")
     assert cost.lost_s == 0.0 and cost.slowdown == 1.0
     assert np.isfinite(cost.actual_s)
+
+
+def test_node_clocks_are_lined_up_before_the_replay():
+    """Node n0's clock runs 8 ms ahead: its rank seems to begin 8 ms late and to arrive last
+    at the all-reduce, which would hide most of rank 2's excess. The nodes' offsets are read
+    off the all-reduce's copies, which all end together, and the cost is the unskewed one."""
+    skew_ms = [8.0, -3.0, 1.0]
+    msgs = []
+    compute = [10.0, 10.0, 25.0]
+    end1 = max(compute) + 5.0
+    for r, c in enumerate(compute):
+        ops = [("compute", "fwd", "", 0, 0.0, c, 0),
+               ("coll", "all_reduce", "dp.0", 1, c, end1 - c, 1024),
+               ("compute", "bwd", "", 0, end1, 20.0, 0),
+               ("coll", "all_reduce", "dp.0", 2, end1 + 20.0, 5.0, 1024)]
+        msgs.append(rank_step(r, f"n{r}", 0, ops, t0_ns=10**18 + round(skew_ms[r] * 1e6)))
+    frame = frame_of(msgs)
+    offsets = clock_offsets(frame, step_features(frame).inst)
+    by_node = dict(zip(frame.nodes, offsets.tolist(), strict=True))
+    mean = sum(skew_ms) / 3
+    for r in range(3):
+        assert by_node[f"n{r}"] == pytest.approx((skew_ms[r] - mean) * 1e6, abs=1e3)
+    cost = _cost(frame, "gpu", "rank:2")
+    assert cost.lost_s == pytest.approx(0.015, abs=1e-4)
+
+
+def _chained_step(step, t0_ms, bwd_ms):
+    """Two ranks: forward 10 ms, all-reduce (5 ms of transfer), backward `bwd_ms`; each
+    begins at `t0_ms` (when it ended the step before) and nothing syncs them after."""
+    msgs = []
+    arrive = [t0 + 10.0 for t0 in t0_ms]
+    end1 = max(arrive) + 5.0
+    for r in range(2):
+        ops = [("compute", "fwd", "", 0, 0.0, 10.0, 0),
+               ("coll", "all_reduce", "dp.0", step, 10.0, end1 - arrive[r], 1024),
+               ("compute", "bwd", "", 0, end1 - t0_ms[r], bwd_ms[r], 0)]
+        msgs.append(rank_step(r, f"n{r}", step, ops, t0_ns=10**18 + round(t0_ms[r] * 1e6)))
+    return frame_of(msgs)
+
+
+def test_a_rank_begins_the_next_step_when_it_ended_the_last_in_its_what_if():
+    """Rank 1's backward takes 30 ms instead of 10, so it ends each step 20 ms after rank 0
+    and begins the next one 20 ms late; rank 0 then waits for it at the all-reduce. Without
+    rank 1's excess both would have begun the second step together: 25 ms, not 45."""
+    history = UsualStep()
+    first = _chained_step(1, [0.0, 0.0], [10.0, 30.0])
+    second = _chained_step(2, [25.0, 45.0], [10.0, 30.0])
+    costs = []
+    for frame in (first, second):
+        feats = step_features(frame)
+        stages = stage_keys(frame)
+        costs.append(job_cost(frame, feats, "gpu", "rank:1",
+                              compute_ratio(frame, feats, stages), stages, history=history))
+    assert costs[0].lost_s == pytest.approx(0.010, abs=1e-4)  # median of 25 and 45 ms: 35
+    assert costs[1].actual_s == pytest.approx(0.045)
+    assert costs[1].without_s == pytest.approx(0.025, abs=1e-4)
+    # priced alone, the second step keeps the stagger rank 1 began it with
+    assert _cost(second, "gpu", "rank:1").lost_s == pytest.approx(0.010, abs=1e-4)
+
+
+def test_the_first_step_priced_begins_as_usual_where_the_fault_delayed_its_start():
+    """The step before the incident was not priced, but rank 1's excess was there already:
+    rank 1 begins 20 ms later than it usually does (healthy steps begin together), as late
+    as this step's what-if ends it early. Taken for the step before's, that lead puts both
+    ranks back at the usual start: 25 ms without rank 1's excess, not 35."""
+    history = UsualStep()
+    for step in range(3):
+        history.update_starts(_chained_step(step, [25.0 * step] * 2, [10.0, 10.0]))
+    frame = _chained_step(3, [75.0, 95.0], [10.0, 30.0])
+    feats = step_features(frame)
+    stages = stage_keys(frame)
+    cost = job_cost(frame, feats, "gpu", "rank:1", compute_ratio(frame, feats, stages), stages,
+                    history=history)
+    assert cost.actual_s == pytest.approx(0.045)
+    assert cost.without_s == pytest.approx(0.025, abs=1e-4)
+
+
+def test_an_untraced_rank_that_waited_on_a_traced_culprit_is_early_without_it():
+    """Rank 0 (traced) computes 30 ms instead of its peers' 10, then sends to an untraced
+    rank, which computes 10 ms and sends on to rank 1 (traced): rank 1's recv waits 35 ms
+    for it, and every rank waits for rank 1 at the final all-reduce. Without rank 0's excess
+    the untraced rank would have sent 20 ms earlier (it waited on rank 0); held to the time
+    it sent, it would hide the whole cost. Ranks 2-5 receive on time from untraced senders
+    (5 ms, the typical transfer)."""
+    chains = {0: [("compute", "fwd", "", 0, 0.0, 30.0, 0),
+                  ("p2p", "send", "pp.0", 1, 30.0, 5.0, 64)],
+              1: [("compute", "fwd", "", 0, 0.0, 10.0, 0),
+                  ("p2p", "recv", "pp.1", 1, 10.0, 40.0, 64)]}
+    for r in range(2, 6):
+        chains[r] = [("compute", "fwd", "", 0, 0.0, 10.0, 0),
+                     ("p2p", "recv", f"pp.{r}", 1, 10.0, 5.0, 64)]
+    msgs = []
+    for r, ops in chains.items():
+        last = ops[-1][4] + ops[-1][5]
+        ops = [*ops, ("coll", "all_reduce", "dp.0", 1, last, 55.0 - last, 1024)]
+        msgs.append(rank_step(r, f"n{r}", 0, ops))
+    cost = _cost(frame_of(msgs), "gpu", "rank:0", group_size={"pp": 2, "dp": 6})
+    assert cost.actual_s == pytest.approx(0.055)
+    assert cost.lost_s == pytest.approx(0.020, abs=1e-4)
+
+
+def test_a_slow_node_is_made_typical_for_its_data_replica_s_load():
+    """Three data replicas × two pipeline stages, one rank per node. This step replica 1 has
+    20% more tokens: its stage-1 rank computes 12 ms where the others compute 10. Its
+    stage-0 node is slow (18 ms). Without the fault it would have computed 12 ms, not its
+    stage peers' 10: the all-reduce of stage 0 would have ended at 17 ms, as stage 1's did."""
+    msgs = []
+    compute = {(0, 0): 10.0, (0, 1): 18.0, (0, 2): 10.0, (1, 0): 10.0, (1, 1): 12.0,
+               (1, 2): 10.0}
+    for (pp, dp), c in compute.items():
+        end = max(v for (p, _), v in compute.items() if p == pp) + 5.0
+        ops = [("compute", "fwd", "", 0, 0.0, c, 0),
+               ("coll", "all_reduce", f"dp.{pp}", 1, c, end - c, 1024)]
+        r = 3 * pp + dp
+        msgs.append(rank_step(r, f"n{r}", 0, ops, coords={"pp": pp, "dp": dp, "tp": 0}))
+    frame = frame_of(msgs)
+    cost = _cost(frame, "node", "node:n1")
+    assert cost.actual_s == pytest.approx(0.020)  # median of 23 ms × 3 and 17 ms × 3
+    assert cost.without_s == pytest.approx(0.017, abs=1e-4)
+
+
+def test_a_slow_nic_on_a_p2p_transfer_whose_other_end_is_not_traced():
+    """Rank 0's recv from an untraced sender takes 20 ms through node n0's slow NIC where a
+    transfer takes 5 ms (three fully traced pairs show it), and the job waits for rank 0 at
+    the final all-reduce. Ranks 8-10 wait 12 ms for their untraced senders early in the
+    step, off the critical path: taken for the typical recv, their waits would hide rank 0's
+    excess (its recv would look like a transfer). Without the slow NIC the step takes 30 ms."""
+    p2p = {0: ("recv", "pp.0", 20.0), 1: ("recv", "pp.4", 5.0)}  # (op, group, duration)
+    for r in range(2, 8):  # three fully traced pairs: 2 → 3, 4 → 5, 6 → 7
+        p2p[r] = ("send" if r % 2 == 0 else "recv", f"pp.{r // 2}", 5.0)
+    msgs = []
+    for r, (op, group, dur) in p2p.items():
+        end = 10.0 + dur
+        msgs.append(rank_step(r, f"n{r}", 0, [
+            ("compute", "fwd", "", 0, 0.0, 10.0, 0),
+            ("p2p", op, group, 1, 10.0, dur, 64),
+            ("compute", "bwd", "", 0, end, 10.0, 0),
+            ("coll", "all_reduce", "world.0", 1, end + 10.0, 35.0 - end, 8)]))
+    for r in (8, 9, 10):
+        msgs.append(rank_step(r, f"n{r}", 0, [
+            ("p2p", "recv", f"pp.{r - 3}", 1, 0.0, 12.0, 64),
+            ("compute", "bwd", "", 0, 12.0, 10.0, 0),
+            ("coll", "all_reduce", "world.0", 1, 22.0, 23.0, 8)]))
+    cost = _cost(frame_of(msgs), "link", "node:n0", group_size={"pp": 2})
+    assert cost.actual_s == pytest.approx(0.045)
+    assert cost.without_s == pytest.approx(0.030, abs=1e-4)
