@@ -487,11 +487,18 @@ def _compute_without(
         stage = _peer_typical(frame, stages, values, rows, culprit)
         load = _replica_load(frame, values, rows, culprit, stage)
         typical = np.where(need, stage * load[frame.op_rank_index()[rows]], typical)
-    v = values[rows]
-    ok = np.isfinite(typical) & (v > 0)
-    factor = np.where(ok, np.minimum(typical / np.where(v > 0, v, 1.0), 1.0), fallback[rows])
-    out[rows] = np.where(culprit[rows], factor, 1.0)
+    out[rows] = _down_to(values[rows], typical, culprit[rows], fallback[rows])
     return out
+
+
+def _down_to(
+    v: np.ndarray, typical: np.ndarray, culprit: np.ndarray, fallback: np.ndarray
+) -> np.ndarray:
+    """Factor bringing the culprit's values `v` down to `typical` (never up), `fallback`
+    where there is no typical value; 1 for the other ranks' ops."""
+    ok = np.isfinite(typical) & (v > 0)
+    factor = np.where(ok, np.minimum(typical / np.where(v > 0, v, 1.0), 1.0), fallback)
+    return np.where(culprit, factor, 1.0)
 
 
 def _replica_load(
@@ -528,10 +535,7 @@ def _toward_peers(
     if rows.size == 0 or not culprit[rows].any():
         return out
     t = _peer_typical(frame, stages, values, rows, culprit)
-    v = values[rows]
-    ok = np.isfinite(t) & (v > 0)
-    factor = np.where(ok, np.minimum(t / np.where(v > 0, v, 1.0), 1.0), fallback[rows])
-    out[rows] = np.where(culprit[rows], factor, 1.0)
+    out[rows] = _down_to(values[rows], t, culprit[rows], fallback[rows])
     return out
 
 

@@ -274,16 +274,20 @@ class Patcher:
     def _async_coll(self, orig: Callable[..., Any], args: tuple[Any, ...],
                     kwargs: dict[str, Any], row: Row) -> Any:
         """The rest of an async collective on the CPU path, once its row is logged."""
-        log = self.log
-        try:
-            out = orig(*args, **kwargs)
-        except BaseException:
-            log.end(row)
-            raise
+        out = self._call(orig, args, kwargs, row)
         if out is None:
-            log.end(row)
+            self.log.end(row)
             return out
         return self._on_completion(out, [row])
+
+    def _call(self, orig: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+              row: Row) -> Any:
+        """The original call; a call that raises ends its row (it will not complete)."""
+        try:
+            return orig(*args, **kwargs)
+        except BaseException:
+            self.log.end(row)
+            raise
 
     def _gpu_start(self, row: Row, on_cuda: bool) -> GpuSpan | None:
         return self.gpu.start(row) if on_cuda and self.gpu is not None else None
@@ -306,15 +310,10 @@ class Patcher:
             span = self._gpu_start(row, on_cuda)
         except Exception as exc:
             self.stats.error(exc)
-        log = self.log
-        try:
-            out = orig(*args, **kwargs)
-        except BaseException:
-            log.end(row)
-            raise
+        out = self._call(orig, args, kwargs, row)
         if not is_async or out is None:
             self._gpu_stop(span)  # the caller's stream now waits for NCCL's: the op's end
-            log.end(row)
+            self.log.end(row)
             return out
         if span is None:
             return self._on_completion(out, [row])
