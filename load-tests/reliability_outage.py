@@ -2,7 +2,7 @@
 
 Usage:
   python load-tests/reliability_outage.py [--down-s 10] [--gpus 32] [--steps 80] [--speed 2]
-      [--messages 5000] [--bound 1000]
+      [--messages 5000] [--bound 1000] [--stall-s 5] [--persistent]
 
 Needs the `reliability` extra (`pip install -e '.[reliability]'`): a local S3 server (moto)
 where a tansu broker can keep its log, so that a restart of the broker loses nothing, as a
@@ -14,11 +14,12 @@ Kafka with its data on a volume would. Everything stays on loopback.
    memory, so it comes back empty (topics created again), like a Kafka that lost its disk:
    the worker must not exit (the same PID throughout), and the next job, replayed after the
    restart, must be stored exactly as by a worker that never saw an outage: every table's
-   row count (FINAL) and the incident set. `/readyz` is sampled while the broker is away and
-   after. (A worker consuming from tansu's S3 storage while a producer appends was seen to
-   stop fetching one partition for good, with no outage at all, so the worker side of this
-   check runs on the in-memory broker; on Kafka the committed offsets survive a restart and
-   `reliability_kill.py` shows that resuming from them loses nothing.)
+   row count (FINAL) and the incident set. `/readyz` is polled every 0.25 s while the broker
+   is away and after: it must fail (503, naming the broker) once the broker has not
+   answered for the worker's `FLARE_WORKER_STALL_S` (`--stall-s`, 5 s here so the run stays
+   short; production's is 30 s), and be 200 again once the broker answers; the script
+   reports the seconds from the stop to the first 503, and from the broker answering again
+   to the first 200.
 2. **The agent's queue while the broker is away.** The node agent's own `Outbox` over the
    real `KafkaPublisher`, against the S3-backed broker: with the broker stopped,
    `--messages` rank-step messages are put; the broker returns and the outbox is closed (it
@@ -26,6 +27,16 @@ Kafka with its data on a volume would. Everything stays on loopback.
    producer, no duplicates). Then the bound: an outbox of `--bound` messages and a client
    queue of `--bound` (instead of the production 100,000 and 1,000,000 / 512 MiB): what does
    not fit is dropped and counted, and delivered + dropped = put exactly.
+3. **With a persistent broker, nothing is lost** (`--persistent`). The same outage, with the
+   worker on the S3-backed broker, which comes back with its log, committed offsets and
+   group. The job is published at `--speed` through the agent's `Outbox` over the real
+   `KafkaPublisher`, before, during (the outbox and the client keep what cannot go out) and
+   after the outage. Must hold: the topics then hold every published message exactly once,
+   the worker never exited, its rows (FINAL, every table) and incidents equal a clean
+   run's, and `/readyz` failed and came back as in 1. The worker's fetch wait is raised to
+   `S3_FETCH_WAIT_MS` there: tansu answers a fetch from S3 with nothing once the fetch wait
+   is over, so the worker's 20 ms starved partitions of a few hundred batches for good
+   (what was seen earlier as a partition that stops being fetched, with no outage at all).
 
 Prints markdown tables and a verdict; exit 1 when a check fails.
 """
@@ -40,10 +51,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import reliability_kill as rk
@@ -51,12 +65,20 @@ import reliability_kill as rk
 from flare.local.broker import TansuBroker, free_port, start_tansu
 from flare.local.processes import flare_argv, start_worker, stop_process
 from producers.agent.outbox import Outbox
-from producers.publisher import KafkaPublisher
-from schemas.topics import STEPS
+from producers.live import publish_events
+from producers.publisher import KafkaPublisher, encode_key, encode_value
+from producers.recording import recording_events
+from schemas.topics import INPUT_TOPICS, STEPS
 from streams.kafka.follow import TopicFollower, read_until
 from streams.kafka.topics import ensure_topics
 
 PARTITIONS = 4
+POLL_S = 0.25  # how often /readyz is polled through the outage
+# The worker's fetch wait on the S3-backed broker. tansu (0.6) answers a fetch by listing
+# every batch object of the partition, and answers *nothing* once the fetch wait is over:
+# with the worker's 20 ms, a partition of a few hundred batches on the local S3 server got
+# empty answers for good (the stall seen before). 100 ms was enough there; 1 s leaves room.
+S3_FETCH_WAIT_MS = 1000
 
 
 @dataclass
@@ -102,6 +124,7 @@ class Broker:
         self.s3, self.bucket, self.log = s3, bucket, log
         self.port = free_port()
         self.current: TansuBroker | None = None
+        self.answered_at = 0.0  # time.monotonic() when the last start answered metadata
 
     def start(self) -> TansuBroker:
         if self.s3 is None:
@@ -109,6 +132,7 @@ class Broker:
         else:
             self.current = start_tansu(self.port, log_path=self.log,
                                        storage=f"s3://{self.bucket}/", env=self.s3.env())
+        self.answered_at = time.monotonic()
         ensure_topics(self.current.connection, PARTITIONS)
         return self.current
 
@@ -118,23 +142,72 @@ class Broker:
             self.current = None
 
 
-def readyz(worker: rk.WorkerProcess) -> str:
+def readyz(worker: rk.WorkerProcess) -> tuple[str, str]:
+    """`/readyz`'s status code and its reason (the problem's detail), or the error."""
     try:
-        return str(worker.get("/readyz", 2).status_code)
+        r = worker.get("/readyz", 2)
     except httpx.HTTPError as exc:
-        return type(exc).__name__
+        return type(exc).__name__, ""
+    try:
+        detail = str(r.json().get("detail") or "")
+    except ValueError:
+        detail = ""
+    return str(r.status_code), detail
+
+
+@dataclass
+class Probe:
+    """`/readyz` polled through an outage: what it said while the broker was away, how
+    long after the stop its first 503 came, and how long after the broker answered again
+    its first 200."""
+
+    seen_while_away: set[str] = field(default_factory=set)
+    changes: list[tuple[float, str]] = field(default_factory=list)  # (s after the stop, code)
+    first_503_after_s: float | None = None
+    first_503_reason: str = ""
+    seen_after: set[str] = field(default_factory=set)
+    ready_again_after_s: float | None = None
+
+    def away(self, worker: rk.WorkerProcess, t_down: float, until: float) -> None:
+        while time.monotonic() < until:
+            code, detail = readyz(worker)
+            self.seen_while_away.add(code)
+            if not self.changes or self.changes[-1][1] != code:
+                self.changes.append((round(time.monotonic() - t_down, 1), code))
+            if code == "503" and self.first_503_after_s is None:
+                self.first_503_after_s = round(time.monotonic() - t_down, 1)
+                self.first_503_reason = detail
+            time.sleep(POLL_S)
+
+    def away_story(self) -> str:
+        """E.g. "200 from 0.0 s, 503 from 5.4 s": each change of answer while away."""
+        return ", ".join(f"{code} from {t} s" for t, code in self.changes)
+
+    def back(self, worker: rk.WorkerProcess, t_back: float, timeout_s: float) -> None:
+        while time.monotonic() - t_back < timeout_s:
+            code, _ = readyz(worker)
+            self.seen_after.add(code)
+            if code == "200":
+                self.ready_again_after_s = round(time.monotonic() - t_back, 1)
+                return
+            time.sleep(POLL_S)
 
 
 def worker_run(broker: Broker, first: Path, second: Path, work: Path, speed: float,
-               replay_s: float, down_s: float) -> tuple[rk.Run, dict[str, object]]:
+               replay_s: float, down_s: float, stall_s: float
+               ) -> tuple[rk.Run, dict[str, object], Probe]:
     """Job `first` streams in; at 40% of it the broker is away for `down_s`; then job
-    `second` is replayed whole. Returns what was stored of `second`, and the notes."""
+    `second` is replayed whole. The worker's `/readyz` fails after `stall_s` of silence
+    (`FLARE_WORKER_STALL_S`). Returns what was stored of `second`, the notes and what
+    `/readyz` said."""
     run = rk.Run(1, None)
     notes: dict[str, object] = {}
+    probe = Probe()
     work.mkdir()
     b = broker.start()
     w = start_worker(b.connection, work, name="w", group=rk.GROUP, partitions=PARTITIONS,
-                     api_port=free_port(), cwd=rk.ROOT)
+                     api_port=free_port(), cwd=rk.ROOT,
+                     extra_env={"FLARE_WORKER_STALL_S": str(stall_s)})
     try:
         w.wait_ready(120)
         pid = w.process.pid
@@ -144,22 +217,12 @@ def worker_run(broker: Broker, first: Path, second: Path, work: Path, speed: flo
             stderr=subprocess.STDOUT)
         time.sleep(0.4 * replay_s)
         broker.stop()
-        t_down = time.monotonic()
-        seen = set()
-        while time.monotonic() - t_down < down_s:
-            seen.add(readyz(w))
-            time.sleep(0.5)
-        notes["readyz_while_away"] = sorted(seen)
+        t_down = time.monotonic()  # the broker process has exited: nothing answers
+        probe.away(w, t_down, t_down + down_s)
         if player.poll() is None:
             player.kill()  # what it had not sent is gone with the broker's memory anyway
         b = broker.start()
-        after = set()
-        t_back = time.monotonic()
-        while time.monotonic() - t_back < 30 and "200" not in after:
-            after.add(readyz(w))
-            time.sleep(0.5)
-        notes["readyz_after"] = sorted(after)
-        notes["ready_again_after_s"] = round(time.monotonic() - t_back, 1)
+        probe.back(w, broker.answered_at, 60)
         rk.replay_whole(second, b.bootstrap)
         rk.settle(w, 300)
         notes["worker_same_pid"] = w.alive() and w.process.pid == pid
@@ -171,7 +234,7 @@ def worker_run(broker: Broker, first: Path, second: Path, work: Path, speed: flo
         if w.alive():
             w.stop(30)
         broker.stop()
-    return run, notes
+    return run, notes, probe
 
 
 def reference(rec: Path, work: Path) -> rk.Run:
@@ -193,6 +256,81 @@ def reference(rec: Path, work: Path) -> rk.Run:
             w.stop(30)
         broker.stop()
     return run
+
+
+class OutboxPublisher:
+    """`publish_events`' publisher over the agent's `Outbox`: puts never block, so the pace
+    holds while the broker is away and the outbox keeps what cannot go out."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self.outbox = outbox
+
+    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None:
+        self.outbox.put([(topic, encode_key(key), encode_value(value))])
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        pass
+
+
+def persistent_run(broker: Broker, rec: Path, work: Path, speed: float, replay_s: float,
+                   down_s: float, stall_s: float
+                   ) -> tuple[rk.Run, dict[str, object], Probe]:
+    """Job `rec` published at `speed` through the agent's outbox while a worker consumes;
+    at 40% of it the S3-backed broker is away for `down_s`, then started again on the same
+    bucket (nothing lost). Returns what was stored, the notes (messages published, in the
+    topics, read by the worker) and what `/readyz` said."""
+    run = rk.Run(2, None)
+    notes: dict[str, object] = {}
+    probe = Probe()
+    work.mkdir()
+    b = broker.start()
+    w = start_worker(b.connection, work, name="w", group=rk.GROUP, partitions=PARTITIONS,
+                     api_port=free_port(), cwd=rk.ROOT,
+                     extra_env={"FLARE_WORKER_STALL_S": str(stall_s),
+                                "FLARE_KAFKA_FETCH_MAX_WAIT_MS": str(S3_FETCH_WAIT_MS)})
+    outbox = Outbox(KafkaPublisher(b.connection))
+    try:
+        w.wait_ready(120)
+        pid = w.process.pid
+        outbox.start()
+        events = list(recording_events(rec))
+        player = threading.Thread(
+            target=publish_events, args=(events, OutboxPublisher(outbox), speed), daemon=True)
+        player.start()
+        time.sleep(0.4 * replay_s)
+        broker.stop()
+        t_down = time.monotonic()
+        probe.away(w, t_down, t_down + down_s)
+        b = broker.start()  # the same bucket: the log, the offsets and the group are back
+        probe.back(w, broker.answered_at, 60)
+        player.join(replay_s * 2 + 60)
+        outbox.close(timeout_s=120)
+        notes["published"] = len(events)
+        notes["outbox"] = {"published": outbox.stats.published, "dropped": outbox.stats.dropped,
+                           "publish_errors": outbox.stats.publish_errors,
+                           "flush_errors": outbox.stats.flush_errors}
+        rk.settle(w, 300)
+        stats = w.stats()
+        notes["worker_records"] = stats["records"]
+        notes["skipped_redelivered"] = stats["skipped_redelivered"]
+        notes["worker_same_pid"] = w.alive() and w.process.pid == pid
+        code = w.stop(60)
+        if code != 0:
+            raise RuntimeError(f"the worker exited with {code}:\n{w.log_tail()}")
+        run.counts, run.incidents = rk.read_back(w.chdb_dir, rk.JOB)
+        # What the broker holds of the job: each message once (idempotent producer)?
+        want = Counter((t, encode_value(v)) for t, _k, v, _ts in events)
+        with TopicFollower(b.connection, INPUT_TOPICS) as f:
+            got = read_until(f, lambda ms: len(ms) >= len(events), timeout_s=120)
+        held = Counter((m.topic, m.value) for m in got if m.key == rk.JOB.encode())
+        notes["in_topics"] = sum(held.values())
+        notes["in_topics_distinct"] = len(held)
+        notes["in_topics_equal_published"] = held == want
+    finally:
+        if w.alive():
+            w.stop(30)
+        broker.stop()
+    return run, notes, probe
 
 
 def agent_queue(broker: Broker, messages: int, bound: int | None, down_s: float
@@ -229,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed", type=float, default=2.0)
     ap.add_argument("--messages", type=int, default=5000)
     ap.add_argument("--bound", type=int, default=1000)
+    ap.add_argument("--stall-s", type=float, default=5.0,
+                    help="the worker's FLARE_WORKER_STALL_S: /readyz fails after this long "
+                    "with no answer from the broker and nothing processed (production: 30)")
+    ap.add_argument("--persistent", action="store_true",
+                    help="also run the outage with the worker on the S3-backed broker, whose "
+                    "restart loses nothing: every message must be stored once")
     args = ap.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="flare-outage-"))
     replay_s = args.steps * 0.5 / args.speed
@@ -237,26 +381,37 @@ def main(argv: list[str] | None = None) -> int:
                             job="outage-first")
         second = rk.simulate(workdir / "second.jsonl", args.gpus, args.steps, 0, "slow_gpu")
         ref = reference(second, workdir / "ref")
-        out, notes = worker_run(Broker(workdir / "out.log"), first, second, workdir / "out",
-                                args.speed, replay_s, args.down_s)
+        out, notes, probe = worker_run(Broker(workdir / "out.log"), first, second,
+                                       workdir / "out", args.speed, replay_s, args.down_s,
+                                       args.stall_s)
         with s3_server(workdir / "s3.log") as s3:
             prod = agent_queue(Broker(workdir / "agent.log", s3, "agent"), args.messages,
                                None, args.down_s)
             small = agent_queue(Broker(workdir / "bound.log", s3, "bound"), args.messages,
                                 args.bound, args.down_s)
+            kept = (persistent_run(Broker(workdir / "kept.log", s3, "kept"), second,
+                                   workdir / "kept", args.speed, replay_s, args.down_s,
+                                   args.stall_s)
+                    if args.persistent else None)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
     print(f"`python load-tests/reliability_outage.py {' '.join(argv or sys.argv[1:])}`\n")
     print(f"{rk.machine()}; jobs: {args.gpus} GPUs, {args.steps} steps of 0.5 s; the broker "
-          f"away {args.down_s} s at 40% of the first job's replay at {args.speed}x\n")
+          f"away {args.down_s} s at 40% of the first job's replay at {args.speed}x; the "
+          f"worker's FLARE_WORKER_STALL_S={args.stall_s:g}\n")
     resumed = rk.same(out, ref)
     ok = resumed and bool(notes.get("worker_same_pid"))
+    # /readyz must fail during the outage, saying why, and come back once the broker does
+    ok &= probe.first_503_after_s is not None and "broker" in probe.first_503_reason
+    ok &= probe.ready_again_after_s is not None
     print("| broker restart mid-stream (in-memory broker) | |\n|---|---|")
     print(f"| the worker never exited (same PID) | {notes.get('worker_same_pid')} |")
-    print(f"| /readyz while the broker was away | {notes.get('readyz_while_away')} |")
-    print(f"| /readyz once it was back | {notes.get('readyz_after')}, ready after "
-          f"{notes.get('ready_again_after_s')} s |")
+    print(f"| /readyz while the broker was away (s after its stop) | {probe.away_story()} |")
+    print(f"| first 503 after the broker's stop | {probe.first_503_after_s} s: "
+          f"\"{probe.first_503_reason}\" |")
+    print(f"| /readyz once the broker answered again | {sorted(probe.seen_after)}; 200 after "
+          f"{probe.ready_again_after_s} s |")
     print(f"| the next job's rows equal a clean run's (FINAL, every table) | "
           f"{out.counts == ref.counts} |")
     print(f"| the next job's incidents equal a clean run's | {out.incidents == ref.incidents} |")
@@ -270,8 +425,39 @@ def main(argv: list[str] | None = None) -> int:
     ok &= prod["delivered"] == prod["distinct"] == prod["put"] and prod["dropped"] == 0
     ok &= small["delivered"] == small["distinct"] == small["put"] - small["dropped"]
     ok &= small["dropped"] > 0
+    if kept is not None:
+        ok &= print_persistent(*kept, ref)
     print(f"\n{'all checks hold' if ok else 'A CHECK FAILED'}")
     return 0 if ok else 1
+
+
+def print_persistent(run: rk.Run, notes: dict[str, object], probe: Probe, ref: rk.Run
+                     ) -> bool:
+    """The persistent run's table; True when every check of it holds."""
+    print(f"\n| broker restart mid-stream, S3-backed broker (worker fetch wait "
+          f"{S3_FETCH_WAIT_MS} ms) | |\n|---|---|")
+    print(f"| the worker never exited (same PID) | {notes.get('worker_same_pid')} |")
+    print(f"| /readyz while the broker was away (s after its stop) | {probe.away_story()} |")
+    print(f"| first 503 after the broker's stop | {probe.first_503_after_s} s: "
+          f"\"{probe.first_503_reason}\" |")
+    print(f"| /readyz once the broker answered again | {sorted(probe.seen_after)}; 200 after "
+          f"{probe.ready_again_after_s} s |")
+    print(f"| messages published (before, during and after the outage) | "
+          f"{notes.get('published')}; outbox {notes.get('outbox')} |")
+    print(f"| the job's messages in the topics afterwards / distinct / equal to those "
+          f"published | {notes.get('in_topics')} / {notes.get('in_topics_distinct')} / "
+          f"{notes.get('in_topics_equal_published')} |")
+    print(f"| records the worker read / redeliveries it skipped | "
+          f"{notes.get('worker_records')} / {notes.get('skipped_redelivered')} |")
+    print(f"| the job's rows equal a clean run's (FINAL, every table) | "
+          f"{run.counts == ref.counts} |")
+    print(f"| the job's incidents equal a clean run's | {run.incidents == ref.incidents} |")
+    if run.counts != ref.counts:
+        print(f"\nrows: {run.counts}")
+    return (rk.same(run, ref) and bool(notes.get("worker_same_pid"))
+            and bool(notes.get("in_topics_equal_published"))
+            and probe.first_503_after_s is not None
+            and probe.ready_again_after_s is not None)
 
 
 if __name__ == "__main__":

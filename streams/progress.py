@@ -9,6 +9,16 @@ The watchdog guards against faust's known silent failures (an agent dead on an e
 a consumer that stops fetching after a rebalance): if there is input left to read and
 nothing was processed for `stall_after_s`, the worker is not ready and `/readyz` says why.
 An idle worker (no lag) is healthy however long it has been quiet.
+
+A broker outage shows no lag at all: the worker hears of no new input, so the rule above
+never fires. The consumer marks each partition with the time of the last fetch response
+that carried it (an empty one too: a quiet partition is answered every fetch wait), and the
+worker hands us those marks (`fetched`). A mark that changed means the broker answered;
+when it was is read off our own clock, so the consumer's wall clock never mixes with ours.
+No answer for `stall_after_s` while nothing was processed either is an outage. Both
+conditions, because a worker busy draining what it already fetched sends no fetch for its
+partitions, and that is not an outage. A worker with no partitions fetches nothing, so the
+broker rule does not apply to it.
 """
 
 from __future__ import annotations
@@ -37,7 +47,9 @@ class Progress:
         self._processed: dict[TP, int] = {}
         self._highwater: dict[TP, int] = {}
         self._assigned: set[TP] = set()
+        self._fetch_marks: dict[TP, object] = {}
         self._last_progress = now()
+        self._last_answer = now()
         self.started = False  # set once the consumer group assigned us partitions
         self.stopping = False
 
@@ -49,8 +61,12 @@ class Progress:
             if tp not in self._assigned:
                 del self._processed[tp]
                 self._highwater.pop(tp, None)
+        for tp in list(self._fetch_marks):
+            if tp not in self._assigned:
+                del self._fetch_marks[tp]
         self.started = True
         self._last_progress = self._now()  # a rebalance restarts the stall clock
+        self._last_answer = self._now()  # ... and the group's coordinator just answered
 
     def processed(self, topic: str, partition: int, offset: int) -> None:
         tp = (topic, partition)
@@ -71,6 +87,21 @@ class Progress:
             return
         tp = (topic, partition)
         self._highwater[tp] = max(highwater, self._highwater.get(tp, 0))
+
+    def fetched(self, topic: str, partition: int, mark: object | None) -> None:
+        """The consumer's mark of the last fetch response that carried this partition
+        (aiokafka: its wall-clock ms; None: not fetched yet). Marks are only compared: one
+        that changed since the last call means the broker answered in between."""
+        if mark is None:
+            return
+        tp = (topic, partition)
+        if self._fetch_marks.get(tp) != mark:
+            self._fetch_marks[tp] = mark
+            self.answered()
+
+    def answered(self) -> None:
+        """The broker answered a fetch just now (as far as the sampling can tell)."""
+        self._last_answer = self._now()
 
     # ---- questions ------------------------------------------------------------------------
     @property
@@ -97,18 +128,32 @@ class Progress:
     def seconds_since_progress(self) -> float:
         return max(0.0, self._now() - self._last_progress)
 
+    def seconds_since_answer(self) -> float:
+        """Since the broker last answered a fetch (or the last assignment, if later)."""
+        return max(0.0, self._now() - self._last_answer)
+
     def readiness(self) -> Readiness:
+        """Not ready while shutting down, before the first assignment, when input waits and
+        nothing moves (stalled), or when the broker is silent and nothing moves (outage);
+        when both of the last two hold, the reason names both."""
         if self.stopping:
             return Readiness(False, "the worker is shutting down")
         if not self.started:
             return Readiness(False, "waiting for the consumer group to assign partitions")
-        lag = self.total_lag()
         idle = self.seconds_since_progress()
-        if lag > 0 and idle > self.stall_after_s:
-            return Readiness(
-                False,
-                f"stalled: {lag} messages waiting and nothing processed for {idle:.0f} s",
-            )
+        if idle <= self.stall_after_s:
+            return Readiness(True, "ok")
+        reasons = []
+        lag = self.total_lag()
+        if lag > 0:
+            reasons.append(f"stalled: {lag} messages waiting and nothing processed for "
+                           f"{idle:.0f} s")
+        silent = self.seconds_since_answer()
+        if self._assigned and silent > self.stall_after_s:
+            reasons.append(f"no answer from the broker for {silent:.0f} s, and nothing "
+                           f"processed for {idle:.0f} s")
+        if reasons:
+            return Readiness(False, "; ".join(reasons))
         return Readiness(True, "ok")
 
     def snapshot(self) -> dict[str, object]:
@@ -119,4 +164,5 @@ class Progress:
             "total_lag": self.total_lag(),
             "processed": {f"{t}[{p}]": o for (t, p), o in sorted(self._processed.items())},
             "seconds_since_progress": round(self.seconds_since_progress(), 3),
+            "seconds_since_broker_answer": round(self.seconds_since_answer(), 3),
         }
