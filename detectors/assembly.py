@@ -63,11 +63,18 @@ class Interner:
         return i
 
     def codes(self, items: Sequence[str]) -> np.ndarray:
+        """The codes of `items`; strings new to the table get theirs in order of first
+        appearance. The lookups run in C (`map` over the dict's `__getitem__`): a job's
+        first step interns every rank's ~830 names and groups, ~14 M strings at 16,384 GPUs."""
         idx = self.index
-        out = [idx.get(s, -1) for s in items]
-        if -1 in out:
-            out = [self.code(s) for s in items]
-        return np.array(out, dtype=np.int32)
+        try:
+            return np.fromiter(map(idx.__getitem__, items), dtype=np.int32, count=len(items))
+        except KeyError:
+            for s in dict.fromkeys(items):  # distinct, in order of first appearance
+                if s not in idx:
+                    idx[s] = len(self.table)
+                    self.table.append(s)
+        return np.fromiter(map(idx.__getitem__, items), dtype=np.int32, count=len(items))
 
 
 class StepAssembler(Stateful):
@@ -195,15 +202,20 @@ class StepAssembler(Stateful):
 
 
 def sort_ops(frame: StepFrame) -> StepFrame:
-    """Ensure each rank's ops are in start order (producers may emit completion order)."""
-    ri = frame.op_rank_index()
-    if frame.n_ops < 2:
+    """Ensure each rank's ops are in start order (producers may emit completion order).
+
+    Checked in one pass over the starts: a step back counts only inside a rank (the first
+    op of the next rank starts again near 0)."""
+    n = frame.n_ops
+    if n < 2:
         return frame
     st = frame.op_start_ns
-    same = ri[1:] == ri[:-1]
-    if not (st[1:][same] < st[:-1][same]).any():
+    back = st[1:] < st[:-1]
+    last = frame.off[1:-1] - 1  # each rank's last row, followed by the next rank's first
+    back[last[(last >= 0) & (last < n - 1)]] = False
+    if not back.any():
         return frame
-    order = np.lexsort((st, ri))
+    order = np.lexsort((st, frame.op_rank_index()))
     for f in ("op_kind", "op_name", "op_group", "op_seq", "op_start_ns", "op_dur_ns", "op_bytes"):
         setattr(frame, f, getattr(frame, f)[order])
     return frame

@@ -35,7 +35,7 @@ import numpy as np
 
 from detectors.candidates import Z_REPORT, Candidates
 from detectors.features import Instances, StepFeatures
-from detectors.segments import grouped_quantile, unique_ints
+from detectors.segments import grouped_quantile, int_codes, unique_ints
 from schemas.frame import StepFrame
 from schemas.rankstep import P2P
 
@@ -77,12 +77,11 @@ def transfer_reference(inst: Instances) -> np.ndarray:
     idx = np.flatnonzero(inst.cross_node & (inst.n_copies >= 2))
     if idx.size < 3:
         return ref
-    _, bcode = np.unique(inst.bytes[idx], return_inverse=True)
+    _, bcode = int_codes(inst.bytes[idx])
     n_names = int(inst.name[idx].max()) + 1
     key = (inst.kind[idx].astype(np.int64) * n_names + inst.name[idx]) * (int(bcode.max()) + 1)
-    key = (key + bcode.reshape(-1)) * (1 << 24) + np.minimum(inst.n_copies[idx], (1 << 24) - 1)
-    _, sig = np.unique(key, return_inverse=True)
-    sig = sig.reshape(-1)
+    key = (key + bcode) * (1 << 24) + np.minimum(inst.n_copies[idx], (1 << 24) - 1)
+    _, sig = int_codes(key)
     n_sig = int(sig.max()) + 1
     med = grouped_quantile(inst.transfer_s[idx], sig, n_sig, REF_QUANTILE)
     ok = np.bincount(sig, minlength=n_sig)[sig] >= 3

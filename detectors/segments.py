@@ -114,3 +114,26 @@ def unique_ints(x: np.ndarray) -> np.ndarray:
         return x
     y = np.sort(x)
     return y[np.r_[True, y[1:] != y[:-1]]]
+
+
+def int_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique values of an integer array and the index of each element among them:
+    what `np.unique(x, return_inverse=True)` gives, flat.
+
+    A step's message sizes and instance kinds are a handful of distinct values over millions
+    of instances: hashing them and one binary search per element is ~9× faster than the
+    sort `np.unique` does. With many distinct values hashing is ~8× slower than the sort,
+    so a sample of the array decides.
+
+    >>> u, code = int_codes(np.array([5, 1, 5, 3, 1]))
+    >>> u.tolist(), code.tolist()
+    ([1, 3, 5], [2, 0, 2, 1, 0])
+    """
+    if x.size == 0:
+        return x[:0].copy(), np.zeros(0, dtype=np.intp)
+    sample = x[:: max(1, x.size // 1024)]
+    if np.unique_values(sample).size * 32 > sample.size:
+        u, inv = np.unique(x, return_inverse=True)
+        return u, inv.reshape(-1)
+    u = np.sort(np.unique_values(x))
+    return u, np.searchsorted(u, x)

@@ -2,10 +2,12 @@
 
 Only the faust wiring lives here; the per-record logic is in `pipeline.py` (pure). Choices
 that come from measured failure modes (DESIGN §6):
-- one agent over the three input topics, batches via `take_events`: the batch is acked only
-  after its rows are in ClickHouse, so a committed offset never has rows still in memory;
-- everything inside the agent is caught per batch (faust agents die silently on exceptions)
-  and a watchdog on the age of the last processed offset fails `/readyz`;
+- the three input topics are consumed in whole fetched batches, handed over by the consumer
+  itself (`kafka/faust_consumer.py`: faust's per-event machinery was a quarter of the main
+  thread at 16,384 GPUs); a record is acked only after its rows are in ClickHouse, so a
+  committed offset never has rows still in memory;
+- everything in a batch's handling is caught (an exception there must not stop the
+  consumer) and a watchdog on the age of the last processed offset fails `/readyz`;
 - detector state is plain objects per partition, not faust tables (no changelog topics);
 - short session timeout (tansu joins a group in about half of it);
 - the API, when served here, runs on the worker's own loop (`faust.contrib.asgi`), because
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +33,7 @@ from streams.rebuild import rebuild_partitions
 
 log = logging.getLogger(__name__)
 
-BATCH_MAX = 2000  # records per batch: one sink flush (a few inserts) per batch
-BATCH_WITHIN_S = 0.25  # ... or this long, whichever first: bounds the added latency
+BATCH_MAX = 2000  # records per pipeline call: one sink flush (a few inserts) per call
 TICK_S = 1.0  # how often time passes for quiet jobs and lag is sampled
 STATS_EVERY_S = 30.0
 RETRY_S = 1.0  # back-off while ClickHouse refuses writes (the batch stays un-acked)
@@ -80,7 +82,7 @@ def build_app(
     from faust.contrib.asgi import serve_asgi
 
     from streams.kafka.faust_connection import faust_broker_urls, faust_credentials
-    from streams.kafka.faust_consumer import transport_with_fetch_wait
+    from streams.kafka.faust_consumer import batch_transport
     from streams.kafka.history import KafkaHistory
 
     history = KafkaHistory(conn, config.group_id)
@@ -112,10 +114,15 @@ def build_app(
         # re-delivered) and skips what was already handled, so nothing needs the wait.
         stream_wait_empty=False,
     )
-    app.transport = transport_with_fetch_wait(config.fetch_max_wait_ms)(
+    async def on_batch(messages: list[Any]) -> None:
+        await diagnose(messages)
+
+    app.transport = batch_transport(config.fetch_max_wait_ms, on_batch)(
         app.conf.broker_consumer, app
     )
-    source = app.topic(*INPUT_TOPICS, key_serializer="raw", value_serializer="raw")
+    # subscribed through the conductor like an agent's topic; the consumer hands its records
+    # to `diagnose` in batches (no agent, no stream)
+    app.topics.add(app.topic(*INPUT_TOPICS, key_serializer="raw", value_serializer="raw"))
     out_topics = {
         INCIDENTS: app.topic(INCIDENTS, key_serializer="raw", value_serializer="raw"),
         DEADLETTER: app.topic(DEADLETTER, key_serializer="raw", value_serializer="raw"),
@@ -134,13 +141,34 @@ def build_app(
         return True
 
     def sample_highwaters() -> None:
+        """Each assigned partition's high watermark (for lag) and the mark of its last fetch
+        response (for readiness: a broker outage shows no lag, only silence).
+
+        The mark is aiokafka's `last_poll_timestamp`, on the aiokafka consumer faust keeps
+        in its consumer thread: private to faust, so read defensively. When no mark can be
+        read at all, the broker counts as answering: losing the outage rule is better than
+        failing an idle, healthy worker (`tests/unit/streams/test_progress.py` fails if
+        either library renames what this relies on)."""
         consumer = app.consumer
+        try:
+            client: Any = consumer._thread._ensure_consumer()  # type: ignore[attr-defined]
+        except Exception:
+            client = None  # not started yet, or faust changed
+        progress = pipeline.progress
+        read = False
         for tp in consumer.assignment():
             try:
-                hw = consumer.highwater(tp)
+                progress.set_highwater(tp.topic, tp.partition, consumer.highwater(tp))
             except Exception:
-                continue  # not fetched yet
-            pipeline.progress.set_highwater(tp.topic, tp.partition, hw)
+                pass  # not fetched yet
+            try:
+                mark = client.last_poll_timestamp(tp)
+            except Exception:
+                continue  # the assignment changed under us (it lives in another thread)
+            progress.fetched(tp.topic, tp.partition, mark)
+            read = True
+        if not read:
+            progress.answered()
 
     # incident states to alert on, in order; None: time to re-send the open alerts
     alerts: asyncio.Queue[list[IncidentV1] | None] = asyncio.Queue(maxsize=10_000)
@@ -153,11 +181,15 @@ def build_app(
         except asyncio.QueueFull:
             notifier.stats.failed += len(item or ())
 
-    async def finish(result: BatchResult) -> None:
-        """Store, then ack what the merge had held and is now processed, then publish."""
+    async def finish(result: BatchResult, done: Sequence[Any] = ()) -> None:
+        """Store, then ack the batch's messages that are `done` and those the merge had held
+        and are now processed, then publish."""
         if await flush_until_stored():
-            for event in result.finished:
-                event.ack()
+            ack = app.consumer.ack
+            for message in done:
+                ack(message)
+            for message in result.finished:
+                ack(message)
         try:
             await send(result.outgoing)
         except Exception:
@@ -166,26 +198,23 @@ def build_app(
         if result.incidents:
             to_alert(result.incidents)
 
-    async def diagnose(stream: Any) -> None:
-        async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
+    async def diagnose(messages: list[Any]) -> None:
+        """One fetched batch, in pipeline calls of at most BATCH_MAX records. A record the
+        event-time merge holds stays un-acked until a later call processes it."""
+        for i in range(0, len(messages), BATCH_MAX):
+            chunk = messages[i:i + BATCH_MAX]
             result = BatchResult()
+            done = chunk
             try:
                 sample_highwaters()
-                records = [
-                    Record(e.message.topic, e.message.partition, e.message.offset,
-                           e.message.key, e.message.value, e)
-                    for e in events
-                ]
-                result = pipeline.on_records(records)
-                # Held by the event-time merge: take_events acks the batch when we return,
-                # an extra reference keeps these un-acked until they are processed.
-                for event in result.held:
-                    event.message.incref()
-            except Exception:  # a bug here must not kill the agent: log, keep consuming
-                log.exception("failed to process a batch of %d records", len(events))
-            await finish(result)
-
-    app.agent(source, name="flare.worker.diagnose")(diagnose)
+                result = pipeline.on_records([
+                    Record(m.topic, m.partition, m.offset, m.key, m.value, m) for m in chunk])
+                if result.held:
+                    held = {id(m) for m in result.held}
+                    done = [m for m in chunk if id(m) not in held]
+            except Exception:  # a bug here must not stop the consumer: log, keep consuming
+                log.exception("failed to process a batch of %d records", len(chunk))
+            await finish(result, done)
 
     last_stats = [time.monotonic()]
 

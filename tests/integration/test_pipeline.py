@@ -59,6 +59,20 @@ def replay(path: Path, bootstrap: str) -> None:
     assert result.stdout.startswith("published ")
 
 
+def committed(conn: KafkaConnection, group: str, tps: Iterable[str]) -> dict[str, int]:
+    """The group's committed offset of each "topic[partition]" (-1001: none)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    parsed = [(tp[: tp.rindex("[")], int(tp[tp.rindex("[") + 1 : -1])) for tp in tps]
+    c = Consumer({"bootstrap.servers": conn.bootstrap, "group.id": group,
+                  "enable.auto.commit": False})
+    try:
+        got = c.committed([TopicPartition(t, p) for t, p in parsed], timeout=20)
+    finally:
+        c.close()
+    return {f"{x.topic}[{x.partition}]": x.offset for x in got}
+
+
 def view(inc: Any) -> dict[str, Any]:
     """The fields every copy of an incident must agree on (floats compared separately)."""
     d = msgspec.to_builtins(inc) if isinstance(inc, IncidentV1) else dict(inc)
@@ -272,7 +286,10 @@ def test_a_worker_taking_over_a_job_rebuilds_its_state_and_continues_the_inciden
                                             timeout_s=60), {job})
     assert opened.keys() == want.keys() and all(i.status == "open" for i in opened.values())
     wait_for(lambda: a.stats()["total_lag"] == 0, 30, "worker a to catch up")
+    processed = a.stats()["processed"]
     assert a.stop() == 0, a.log()[-3000:]  # commits what it processed
+    assert committed(broker.connection, group, processed) == {
+        tp: last + 1 for tp, last in processed.items()}  # acked once stored, then committed
 
     b = start_worker(group, "b")
     assert b.stats()["rebuilt_from_history"] > 0

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from detectors.assembly import StepAssembler
+import dataclasses
+
+import numpy as np
+
+from detectors.assembly import StepAssembler, sort_ops
 from detectors.testing import rank_step
 from schemas.clock import NS_PER_S
 
@@ -51,3 +55,23 @@ def test_before_any_step_the_grace_scales_with_the_step_the_ranks_took() -> None
     assert asm.advance(first.t_end_ns + 15 * NS_PER_S) == []  # within 0.5 × 40 s
     [frame] = asm.advance(first.t_end_ns + 21 * NS_PER_S)
     assert frame.rank.tolist() == [0]
+
+
+def test_ops_reported_in_completion_order_are_put_in_start_order_within_their_rank() -> None:
+    from detectors.testing import frame_of
+
+    def op(name: str, start_ms: float) -> tuple:
+        return ("compute", name, "", 0, start_ms, 1.0, 0)
+
+    in_order = frame_of([rank_step(0, "n0", 0, [op("a", 0.0), op("b", 5.0)]),
+                         rank_step(1, "n0", 0, []),
+                         rank_step(2, "n0", 0, [op("c", 1.0), op("d", 3.0)])])
+    assert sort_ops(in_order).op_name is in_order.op_name  # a step back across ranks only
+    swap = np.array([0, 1, 3, 2])  # rank 2's two ops as a completion-ordered producer sends
+    shuffled = dataclasses.replace(in_order, **{
+        c: getattr(in_order, c)[swap] for c in ("op_kind", "op_name", "op_group", "op_seq",
+                                                 "op_start_ns", "op_dur_ns", "op_bytes")})
+    assert [shuffled.names[i] for i in shuffled.op_name] == ["a", "b", "d", "c"]
+    out = sort_ops(shuffled)
+    assert [out.names[i] for i in out.op_name] == ["a", "b", "c", "d"]
+    assert out.op_start_ns.tolist() == [0, 5_000_000, 1_000_000, 3_000_000]

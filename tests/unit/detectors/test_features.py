@@ -63,3 +63,19 @@ def test_overlapping_ops_are_not_counted_twice_as_busy():
     feats = step_features(frame_of([m]))
     assert feats.span_s[0] == pytest.approx(0.025)
     assert feats.gap_s[0] == pytest.approx(0.005)
+
+
+def test_each_groups_seq_range_is_its_first_and_last_seq() -> None:
+    """Against a plain per-group scan, on codes with gaps (groups absent from the step)."""
+    from detectors.features import _seq_range
+
+    rng = np.random.default_rng(3)
+    group = rng.integers(0, 40, 5000).astype(np.int32) * 2  # odd codes never appear
+    seq = rng.integers(-5, 10**12, 5000)
+    gmin, gmax = _seq_range(group, seq, 81)
+    for g in range(81):
+        mine = seq[group == g]
+        if mine.size:
+            assert (gmin[g], gmax[g]) == (mine.min(), mine.max())
+        else:
+            assert gmin[g] == np.iinfo(np.int64).max and gmax[g] == np.iinfo(np.int64).min
