@@ -85,7 +85,7 @@ def summarize(
     """The incident's summary line at the step that opened it; `lost_s` and `slowdown`: what
     the culprit costs the job per step."""
     text = (f"{_describe(kind, entity, detail, frame, feats, ratio)}: the job loses "
-            f"{lost_s:.2f} s per step (×{slowdown:.2f})")
+            f"{lost_s:.2f} s per step (×{max(slowdown, 1.0):.2f})")
     if not feats.has_compute and kind in ("gpu", "node", "host"):
         text += COMM_ONLY_NOTE
     return text

@@ -54,10 +54,12 @@ class OpenIncident:
     # quiet steps that resolve it, when not the book's: an intermittent fault is quiet
     # between its bursts, and resolving in one of those gaps pages the same fault twice
     resolve_after: int | None = None
+    _net_lost: float = 0.0  # Σ of the steps' estimates, negative ones included (`_lose`)
 
     @property
     def slowdown(self) -> float:
-        return self.slowdown_sum / self.evidence_steps if self.evidence_steps else 1.0
+        """The job's mean slowdown over the evidence steps (never shown below 1)."""
+        return max(self.slowdown_sum / self.evidence_steps, 1.0) if self.evidence_steps else 1.0
 
     def add_evidence(self, step: int, slowdown: float, step_time_s: float, world: int) -> None:
         """The step showed the fault and, by the what-if estimate, slowed the job by
@@ -65,14 +67,13 @@ class OpenIncident:
         self.last_step = step
         self.evidence_steps += 1
         self.quiet = 0
-        s = max(slowdown, 1.0)
-        self.slowdown_sum += s
-        self._lose(step_time_s * (1.0 - 1.0 / s) * world)
+        self.slowdown_sum += slowdown
+        self._lose(step_time_s * (1.0 - 1.0 / slowdown) * world if slowdown > 0 else 0.0)
 
     def add_cost(self, slowdown: float, step_time_s: float, world: int) -> None:
         """A step the incident cost without being evidence of it (a job-wide shift keeps
         costing while it is open, but nothing new is learned)."""
-        self._lose(step_time_s * (1.0 - 1.0 / max(slowdown, 1.0)) * world)
+        self._lose(step_time_s * (1.0 - 1.0 / slowdown) * world if slowdown > 0 else 0.0)
 
     def hold(self, since_ns: int, now_ns: int, step_time_s: float, world: int) -> None:
         """A hang: the whole job has made no progress since `since_ns`."""
@@ -80,8 +81,13 @@ class OpenIncident:
         self.lost_gpu_seconds_per_step = step_time_s * world
 
     def _lose(self, gpu_seconds: float) -> None:
-        self.lost_gpu_seconds += gpu_seconds
-        self.lost_gpu_seconds_per_step = gpu_seconds
+        """Add one step's loss. A step's estimate is a difference of two noisy step times,
+        so it can come out below zero (the job ran a little faster than its what-if): the
+        sum keeps those, so the noise of the steps cancels instead of adding up, and only
+        the figures shown are floored at zero."""
+        self._net_lost += gpu_seconds
+        self.lost_gpu_seconds = max(self._net_lost, 0.0)
+        self.lost_gpu_seconds_per_step = max(gpu_seconds, 0.0)
 
     def to_v1(self, job: str) -> IncidentV1:
         return IncidentV1(

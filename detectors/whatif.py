@@ -278,7 +278,10 @@ def job_cost(
     what_if = float(np.median(spans_without))
     if base <= 0:
         return JobCost(actual, actual)
-    return JobCost(actual, actual * min(what_if / base, 1.0))
+    # not floored at the step as it ran: in a step the culprit barely touched, the two
+    # replays differ by noise either way, and an incident's total keeps both signs so that
+    # noise cancels over its steps (`OpenIncident._lose`) instead of adding up
+    return JobCost(actual, actual * what_if / base)
 
 
 def _typical_transfer(inst: Instances) -> np.ndarray:
