@@ -201,7 +201,8 @@ def report(args: argparse.Namespace, wl: Workload, steps: int, out: Outcome, gen
     n_rows = len(ranks.get("ranks", [])) if isinstance(ranks, dict) else 0
     print(f"\nClickHouse, read back through the API: {n_stored} steps stored of {steps} "
           f"published, {full} of them with all {wl.world:,} ranks; {n_rows:,} rank_steps rows "
-          f"at the newest step. Worker counters: {final.get('records', 0):,} records, "
+          f"at the newest step. Worker counters: {final.get('records', 0):,} records in "
+          f"{final.get('batches', 0):,} batches, "
           f"{final.get('reports', 0)} step reports, dead letters "
           f"{final.get('dead_letters', {}).get('total', final.get('dead_letters'))}, forced "
           f"order releases {final.get('forced_order_releases')} (waiting on: "

@@ -1,7 +1,7 @@
 """What the worker does with a batch of records, without faust: route, store, emit.
 
-faust hands us batches of records and acks them when we return; this class turns them into
-ClickHouse rows (through the batched `Sink`) and outgoing Kafka messages (incidents, dead
+The consumer hands the worker batches of records, acked once handled; this class turns them
+into ClickHouse rows (through the batched `Sink`) and outgoing Kafka messages (incidents, dead
 letters), and flushes the sink *before* the batch is acked, so an offset is only committed
 once its rows are stored (at-least-once; the tables are ReplacingMergeTree on natural keys,
 so a re-delivery rewrites instead of duplicating). Valid messages pass through the
@@ -86,6 +86,7 @@ class BatchResult:
 @dataclass(slots=True)
 class PipelineStats:
     records: int = 0
+    batches: int = 0  # calls of on_records (records / batches: how much each fetch brought)
     skipped_not_assigned: int = 0
     skipped_redelivered: int = 0
     incidents: int = 0
@@ -124,6 +125,7 @@ class Pipeline:
         """Route a batch. Call `flush()` before acking the batch and `result.finished`."""
         result = BatchResult()
         records = list(records)
+        self.stats.batches += 1
         assigned = self.progress.assignment
         batch: set[int] = set()
         for r in records:
@@ -296,6 +298,7 @@ class Pipeline:
         dec = self.router.steps_decoder
         return {
             "records": self.stats.records,
+            "batches": self.stats.batches,
             "reports": self.stats.reports,
             "incident_events": self.stats.incidents,
             "dead_letters": self.router.dead_letters.as_dict(),

@@ -300,11 +300,40 @@ def tune_gc() -> None:
     gc.set_threshold(10_000, 10, 10)
 
 
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
+_M_MMAP_MAX = -4
+
+
+def tune_malloc() -> bool:
+    """Keep freed memory for the next step instead of handing it back to the kernel (glibc;
+    False, nothing changed, elsewhere).
+
+    A 16,384-GPU step is ~14 M ops: its columns and the detectors' temporaries are arrays of
+    ~110 MB, allocated and freed every step. glibc serves any block over 32 MB with a fresh
+    `mmap` and unmaps it on free, so every step touched ~1.5 GB of new pages, one fault per
+    4 KB where the kernel had no huge page to give. In the worker the same array passes cost
+    several times what they cost in a young process. Served from the heap and kept there
+    (no `mmap`, trimming only past 2 GB of free top), the worker took 16,384 GPUs at 1.52×
+    real time instead of 1.31×, side by side (BENCHMARKS.md), at the price of keeping its
+    peak: 3.0 GB resident instead of 1.7 GB.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
 def run_faust(app: Any, *, loglevel: str = "warn", quiet: bool = True) -> None:
     """Run the app until SIGINT/SIGTERM (mode's worker owns the signals and the loop)."""
     from faust.worker import Worker
 
     tune_gc()
+    tune_malloc()
 
     worker = Worker(app, loglevel=loglevel, quiet=quiet, redirect_stdouts=False)
     worker.execute_from_commandline()

@@ -50,3 +50,36 @@ def test_the_group_and_the_layout_come_from_the_worker_config(
     assert app.conf.id == "g-7" and app.conf.topic_partitions == 6
     assert app.conf.broker_session_timeout == 9.0 and app.conf.broker_heartbeat_interval == 1.5
     assert app.conf.broker_credentials is None
+
+
+_REUSE = """
+import resource, sys
+from streams.worker import tune_malloc
+tuned = tune_malloc() if sys.argv[1] == "tuned" else None
+def touch():
+    block = bytearray(64 << 20)  # over glibc's largest mmap threshold (32 MB)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+touch()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+touch()  # the same size again, as a worker's next step
+print(tuned, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_a_tuned_worker_reuses_a_freed_step_sized_block_without_new_page_faults() -> None:
+    """In a child process (the setting is process-wide): untuned, glibc maps the block anew
+    and every 4 KB page faults again; tuned, the freed block is reused from the heap."""
+    import subprocess
+    import sys
+
+    def faults(mode: str) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", _REUSE, mode], capture_output=True,
+                             text=True, check=True).stdout.split()
+        return out[0], int(out[1])
+
+    applied, tuned = faults("tuned")
+    _, plain = faults("plain")
+    assert applied == "True"
+    assert plain >= 8_000  # 16,384 pages of 4 KB touched afresh
+    assert tuned < plain / 20
