@@ -114,15 +114,6 @@ def build_app(
         # re-delivered) and skips what was already handled, so nothing needs the wait.
         stream_wait_empty=False,
     )
-    async def on_batch(messages: list[Any]) -> None:
-        await diagnose(messages)
-
-    app.transport = batch_transport(config.fetch_max_wait_ms, on_batch)(
-        app.conf.broker_consumer, app
-    )
-    # subscribed through the conductor like an agent's topic; the consumer hands its records
-    # to `diagnose` in batches (no agent, no stream)
-    app.topics.add(app.topic(*INPUT_TOPICS, key_serializer="raw", value_serializer="raw"))
     out_topics = {
         INCIDENTS: app.topic(INCIDENTS, key_serializer="raw", value_serializer="raw"),
         DEADLETTER: app.topic(DEADLETTER, key_serializer="raw", value_serializer="raw"),
@@ -215,6 +206,13 @@ def build_app(
             except Exception:  # a bug here must not stop the consumer: log, keep consuming
                 log.exception("failed to process a batch of %d records", len(chunk))
             await finish(result, done)
+
+    # The input topics are subscribed through the conductor like an agent's; the consumer
+    # hands their records to `diagnose` in whole fetched batches (no agent, no stream).
+    app.transport = batch_transport(config.fetch_max_wait_ms, diagnose)(
+        app.conf.broker_consumer, app
+    )
+    app.topics.add(app.topic(*INPUT_TOPICS, key_serializer="raw", value_serializer="raw"))
 
     last_stats = [time.monotonic()]
 
