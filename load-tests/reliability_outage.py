@@ -193,6 +193,34 @@ class Probe:
             time.sleep(POLL_S)
 
 
+def _worker(b: Any, work: Path, env: dict[str, str] | None = None) -> Any:
+    """A worker consuming from broker `b` (started and ready), its data under `work`."""
+    w = start_worker(b.connection, work, name="w", group=rk.GROUP, partitions=PARTITIONS,
+                     api_port=free_port(), cwd=rk.ROOT, extra_env=env)
+    w.wait_ready(120)
+    return w
+
+
+def _outage(broker: Broker, w: Any, probe: Probe, before_s: float, down_s: float) -> Any:
+    """After `before_s`, the broker away for `down_s` (what `/readyz` said meanwhile is in
+    `probe`), then started again; returns the broker's new handle."""
+    time.sleep(before_s)
+    broker.stop()
+    t_down = time.monotonic()  # the broker process has exited: nothing answers
+    probe.away(w, t_down, t_down + down_s)
+    b = broker.start()
+    probe.back(w, broker.answered_at, 60)
+    return b
+
+
+def _stop_and_read(w: Any, run: rk.Run) -> None:
+    """Stop the worker (an exit code other than 0 is an error) and read back its job."""
+    code = w.stop(60)
+    if code != 0:
+        raise RuntimeError(f"the worker exited with {code}:\n{w.log_tail()}")
+    run.counts, run.incidents = rk.read_back(w.chdb_dir, rk.JOB)
+
+
 def worker_run(broker: Broker, first: Path, second: Path, work: Path, speed: float,
                replay_s: float, down_s: float, stall_s: float
                ) -> tuple[rk.Run, dict[str, object], Probe]:
@@ -205,31 +233,20 @@ def worker_run(broker: Broker, first: Path, second: Path, work: Path, speed: flo
     probe = Probe()
     work.mkdir()
     b = broker.start()
-    w = start_worker(b.connection, work, name="w", group=rk.GROUP, partitions=PARTITIONS,
-                     api_port=free_port(), cwd=rk.ROOT,
-                     extra_env={"FLARE_WORKER_STALL_S": str(stall_s)})
+    w = _worker(b, work, {"FLARE_WORKER_STALL_S": str(stall_s)})
     try:
-        w.wait_ready(120)
         pid = w.process.pid
         player = subprocess.Popen(
             flare_argv("replay", str(first), "--bootstrap", b.bootstrap, "--speed",
                        str(speed)), cwd=rk.ROOT, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT)
-        time.sleep(0.4 * replay_s)
-        broker.stop()
-        t_down = time.monotonic()  # the broker process has exited: nothing answers
-        probe.away(w, t_down, t_down + down_s)
+        b = _outage(broker, w, probe, 0.4 * replay_s, down_s)
         if player.poll() is None:
             player.kill()  # what it had not sent is gone with the broker's memory anyway
-        b = broker.start()
-        probe.back(w, broker.answered_at, 60)
         rk.replay_whole(second, b.bootstrap)
         rk.settle(w, 300)
         notes["worker_same_pid"] = w.alive() and w.process.pid == pid
-        code = w.stop(60)
-        if code != 0:
-            raise RuntimeError(f"the worker exited with {code}:\n{w.log_tail()}")
-        run.counts, run.incidents = rk.read_back(w.chdb_dir, rk.JOB)
+        _stop_and_read(w, run)
     finally:
         if w.alive():
             w.stop(30)
@@ -243,14 +260,11 @@ def reference(rec: Path, work: Path) -> rk.Run:
     work.mkdir()
     broker = Broker(work / "tansu.log")
     b = broker.start()
-    w = start_worker(b.connection, work, name="w", group=rk.GROUP, partitions=PARTITIONS,
-                     api_port=free_port(), cwd=rk.ROOT)
+    w = _worker(b, work)
     try:
-        w.wait_ready(120)
         rk.replay_whole(rec, b.bootstrap)
         rk.settle(w, 300)
-        w.stop(60)
-        run.counts, run.incidents = rk.read_back(w.chdb_dir, rk.JOB)
+        _stop_and_read(w, run)
     finally:
         if w.alive():
             w.stop(30)
@@ -284,25 +298,18 @@ def persistent_run(broker: Broker, rec: Path, work: Path, speed: float, replay_s
     probe = Probe()
     work.mkdir()
     b = broker.start()
-    w = start_worker(b.connection, work, name="w", group=rk.GROUP, partitions=PARTITIONS,
-                     api_port=free_port(), cwd=rk.ROOT,
-                     extra_env={"FLARE_WORKER_STALL_S": str(stall_s),
-                                "FLARE_KAFKA_FETCH_MAX_WAIT_MS": str(S3_FETCH_WAIT_MS)})
+    w = _worker(b, work, {"FLARE_WORKER_STALL_S": str(stall_s),
+                          "FLARE_KAFKA_FETCH_MAX_WAIT_MS": str(S3_FETCH_WAIT_MS)})
     outbox = Outbox(KafkaPublisher(b.connection))
     try:
-        w.wait_ready(120)
         pid = w.process.pid
         outbox.start()
         events = list(recording_events(rec))
         player = threading.Thread(
             target=publish_events, args=(events, OutboxPublisher(outbox), speed), daemon=True)
         player.start()
-        time.sleep(0.4 * replay_s)
-        broker.stop()
-        t_down = time.monotonic()
-        probe.away(w, t_down, t_down + down_s)
-        b = broker.start()  # the same bucket: the log, the offsets and the group are back
-        probe.back(w, broker.answered_at, 60)
+        # back on the same bucket: the log, the offsets and the group are there again
+        b = _outage(broker, w, probe, 0.4 * replay_s, down_s)
         player.join(replay_s * 2 + 60)
         outbox.close(timeout_s=120)
         notes["published"] = len(events)
@@ -314,10 +321,7 @@ def persistent_run(broker: Broker, rec: Path, work: Path, speed: float, replay_s
         notes["worker_records"] = stats["records"]
         notes["skipped_redelivered"] = stats["skipped_redelivered"]
         notes["worker_same_pid"] = w.alive() and w.process.pid == pid
-        code = w.stop(60)
-        if code != 0:
-            raise RuntimeError(f"the worker exited with {code}:\n{w.log_tail()}")
-        run.counts, run.incidents = rk.read_back(w.chdb_dir, rk.JOB)
+        _stop_and_read(w, run)
         # What the broker holds of the job: each message once (idempotent producer)?
         want = Counter((t, encode_value(v)) for t, _k, v, _ts in events)
         with TopicFollower(b.connection, INPUT_TOPICS) as f:
