@@ -24,9 +24,15 @@ step of several and never three of five. What sets it apart from noise is what i
 step (`MATERIAL_SHARE`; noise that reaches z_on costs a few percent), or a tenth at twice the
 significance (a NIC at half speed is far beyond any jitter, and costs little per step). Two
 steps that each at least doubled the step also confirm: a NIC that flaps for seconds stalls
-the steps it touches many times over, but touches one in five or ten. One costly step alone
-never does (a GC pause, a slow batch). The tests hold the rule to 2,000 steps of
-×1.4-per-σ jitter on four ranks; the simulator's clean runs hold it to no false incident.
+the steps it touches many times over, but touches one in five or ten. So do several steps
+at `EXTREME` × z_on that each cost a tenth of a step: the suspect's own excess over its
+peers, which in a large job is far more than the job loses (at 1,024 GPUs a NIC at half
+speed one step in six adds 0.3 s to its transfers and 3% to that step; the rule above
+would need seven such steps in 25). Noise reaches z_on; a significance four times as high
+on the same entity, again and again, is no jitter (no suspect of the simulator's clean
+runs reaches it once). One costly step alone never does (a GC pause, a slow batch). The
+tests hold the rule to 2,000 steps of ×1.4-per-σ jitter on four ranks; the simulator's
+clean runs hold it to no false incident.
 
 >>> t = EvidenceTracker()
 >>> hit = lambda s, ex: t.update(s, ["node:a"], ["link"], [9.0], [ex], ["slow"], step_s=1.0)
@@ -56,6 +62,7 @@ LONG_MIN_HITS = 4  # costly significant steps within LONG_WINDOW, together costi
 MATERIAL_SHARE = 0.25  # each at least this share of a step at z_on ...
 MINOR_SHARE = 0.1  # ... or this share at STRONG × z_on; or two steps that doubled the step
 STRONG = 2.0
+EXTREME = 4.0  # LONG_MIN_HITS costly steps at this × z_on confirm whatever they cost together
 
 
 @dataclass(slots=True)
@@ -90,10 +97,10 @@ class EvidenceTracker(Stateful):
         self.need = need
         self.z_on = z_on
         self.tracks: dict[tuple[str, str], Track] = {}
-        # per (entity, kind): (step, share of a step it cost) of its costly significant
+        # per (entity, kind): (step, share of a step it cost, z) of its costly significant
         # steps, kept LONG_WINDOW steps (a track is dropped after `window` quiet steps; these
         # are not)
-        self.costly: dict[tuple[str, str], deque[tuple[int, float]]] = {}
+        self.costly: dict[tuple[str, str], deque[tuple[int, float, float]]] = {}
 
     def update(
         self,
@@ -132,8 +139,9 @@ class EvidenceTracker(Stateful):
                 tr.quiet = 0
                 if ex >= (MATERIAL_SHARE if zz < STRONG * self.z_on else MINOR_SHARE) * step_s:
                     costly = self.costly.setdefault(key, deque(maxlen=LONG_WINDOW))
-                    costly.append((step, ex / step_s))
-                    if _intermittent([c for s, c in costly if step - s < LONG_WINDOW]):
+                    costly.append((step, ex / step_s, zz))
+                    recent = [(c, v / self.z_on) for s, c, v in costly if step - s < LONG_WINDOW]
+                    if _intermittent(recent):
                         intermittent.append(tr)
             else:
                 tr.quiet += 1
@@ -161,10 +169,13 @@ class EvidenceTracker(Stateful):
         return sorted(live, key=lambda t: t.mean_z(), reverse=True)
 
 
-def _intermittent(costs: list[float]) -> bool:
-    """Do these costly significant steps of one suspect (each a share of a usual step)
-    confirm an intermittent fault? Several that together cost a whole step, or two that
-    each doubled the step."""
+def _intermittent(hits: list[tuple[float, float]]) -> bool:
+    """Do these costly significant steps of one suspect (each the share of a usual step it
+    cost, and its z over z_on) confirm an intermittent fault? Several that together cost a
+    whole step, several far beyond any noise, or two that each doubled the step."""
+    costs = [c for c, _ in hits]
     if len(costs) >= LONG_MIN_HITS and sum(min(c, 1.0) for c in costs) >= 1.0:
+        return True
+    if sum(z >= EXTREME for _, z in hits) >= LONG_MIN_HITS:
         return True
     return sum(c >= 1.0 for c in costs) >= 2

@@ -75,6 +75,7 @@ from schemas.rankstep import COMPUTE, P2P
 # bits of an instance's copies (at most 2^20, as the wire allows ranks) in its packed kind
 _COPIES_BITS = 21
 _CONVERGED_NS = 1_000.0  # a replay that moves no op by more than 1 µs is done
+_MIN_WINDOW = 256  # ops the replay settles at once, at least (`timeline`)
 # a partial instance whose shortest copy lasts over 1.5× the typical transfer (+50 µs) waited
 # for a member that is not traced
 _UNTRACED_LATE = 1.5
@@ -219,7 +220,6 @@ class _Change:
     transfer_s: np.ndarray  # (I,) the instance's transfer
     arrival_ns: np.ndarray  # (I,) when its untraced members arrive (-inf: with the traced)
     origin: np.ndarray | None = None  # (R,) when each rank begins the step (None: as it did)
-    skew_ns: np.ndarray | None = None  # (nodes,) node clock offsets (`clock_offsets`)
     # (ranks,) a traced culprit's: untraced members' set arrivals move as much earlier as
     # its own excess puts it ahead by then (`_followed_arrival`; None: they keep them)
     follow: np.ndarray | None = None
@@ -260,16 +260,17 @@ def job_cost(
     late = short & (inst.transfer_s > _UNTRACED_LATE * typical + _UNTRACED_SLACK_S)
     transfer = np.where(late, typical, inst.transfer_s)
     arrival = np.where(late, _earliest_copy_end(frame, inst, skew) - transfer * 1e9, -np.inf)
-    same = _Change(np.ones(frame.n_ops), np.ones(frame.n_ops), transfer, arrival, None, skew)
+    same = _Change(np.ones(frame.n_ops), np.ones(frame.n_ops), transfer, arrival)
+    line = timeline(frame, feats, skew)
     change = _change(frame, feats, kind, entity, ratio, stages or stage_keys(frame), same,
-                     typical, switch_of or {}, history)
-    change.skew_ns = skew
+                     typical, switch_of or {}, history, line.lag)
     if history is not None:
         change.origin = history.chained_origins(frame, (kind, entity), skew)
-    spans = replay(frame, feats, same)
+    spans = replay(frame, line, same)
     if history is not None and change.origin is None:
-        change.origin = history.first_origins(frame, spans - replay(frame, feats, change), skew)
-    spans_without = replay(frame, feats, change)
+        lead = spans - replay(frame, line, change)
+        change.origin = history.first_origins(frame, lead, skew)
+    spans_without = replay(frame, line, change)
     if history is not None:
         origin = _origins(frame, skew)
         after = origin if change.origin is None else change.origin
@@ -278,11 +279,11 @@ def job_cost(
     what_if = float(np.median(spans_without))
     if base <= 0:
         return JobCost(actual, actual)
-    # Capped at the step as it ran. Without the cap an incident's total keeps both signs and
-    # the replays' noise cancels (256 GPUs: cost p90 6.2% -> 5.0%), but at 1,024 GPUs, where
-    # the replay sees too little of a slow GPU's effect, the little it sees cancels too
-    # (ACCURACY.md, "The what-if no longer floored ...": tried and taken back).
-    return JobCost(actual, actual * min(what_if / base, 1.0))
+    # Not floored at the step as it ran: in a step the culprit barely touched the two replays
+    # differ by noise either way, and an incident sums its steps' estimates with their signs
+    # (`OpenIncident._lose`), so the noise cancels instead of adding up (cost p90 over all
+    # runs 6.2% -> 5.0% at 256 GPUs, 31% -> 23% at 1,024; ACCURACY.md, third pass)
+    return JobCost(actual, actual * what_if / base)
 
 
 def _typical_transfer(inst: Instances) -> np.ndarray:
@@ -380,8 +381,11 @@ def _change(
     typical: np.ndarray,
     switch_of: dict[str, str],
     history: UsualStep | None,
+    lags: np.ndarray,
 ) -> _Change:
-    """The step without `entity`'s excess (see the module docstring)."""
+    """The step without `entity`'s excess (see the module docstring); `lags`: the time each
+    op waited after its predecessor on its rank (launch gaps, host work between ops), as
+    the replay models it (`_Timeline.lag`)."""
     inst = feats.inst
     transfer = same.transfer_s.copy()
     what, _, name = entity.partition(":")
@@ -417,7 +421,6 @@ def _change(
     if kind == "host" or not feats.has_compute:
         # a starved host stretches the gaps before ops; without compute ops the gaps are the
         # compute (the ratio is measured on them)
-        lags = _lags(frame)
         lag = _toward_peers(frame, stages, lags, np.arange(frame.n_ops), culprit,
                             per_op if not feats.has_compute else np.ones(frame.n_ops))
     # a node's (or host's) untraced GPUs are as slow as its traced ones: without it, they
@@ -433,16 +436,6 @@ def _with_traced(arrival_ns: np.ndarray) -> np.ndarray:
     """Untraced members that arrive with the traced ones (the counterfactual of a culprit
     that may be among them)."""
     return np.full_like(arrival_ns, -np.inf)
-
-
-def _lags(frame: StepFrame) -> np.ndarray:
-    """(N,) the time each op waited after its predecessor on its rank (launch gaps, host
-    work between ops), as the replay models it."""
-    ri = frame.op_rank_index()
-    start = frame.op_start_ns.astype(np.float64)
-    end = start + frame.op_dur_ns
-    pred = _predecessors(ri, start, end)
-    return np.maximum(np.where(pred >= 0, start - end[np.maximum(pred, 0)], start), 0.0)
 
 
 def _peer_typical(
@@ -568,56 +561,127 @@ def _network_instances(
     return inst.cross_node & (touch > 0)
 
 
-def replay(frame: StepFrame, feats: StepFeatures, change: _Change) -> np.ndarray:
-    """(R,) each rank's span (ns) when its step is re-run with `change` (module docstring)."""
+@dataclass(frozen=True, slots=True)
+class _Timeline:
+    """The step as it ran, on the replay's clock, and the order its replays settle its ops
+    in: the same for every replay of the step, so made once (`timeline`)."""
+
+    ri: np.ndarray  # (N,) each op's rank index
+    dur: np.ndarray  # (N,) ns
+    pred: np.ndarray  # (N,) the op each op follows on its rank (`_predecessors`; -1: none)
+    lag: np.ndarray  # (N,) ns from the predecessor's end (or the rank's begin) to the start
+    inst_of: np.ndarray  # (N,) the op's instance (-1: compute)
+    end: np.ndarray  # (N,) ns, as it ran
+    origin: np.ndarray  # (R,) when each rank began the step (`_origins`)
+    # the windows settled one after the other, then all ops once more (`_Relax.settle`)
+    order: list[np.ndarray]
+
+
+def timeline(frame: StepFrame, feats: StepFeatures, skew_ns: np.ndarray) -> _Timeline:
+    """The step as it ran on one clock (node offsets `skew_ns`), and its settling order: the
+    ops in windows of time holding about one op per rank each, in the order they ended (an
+    instance's copies at its last copy's end, so that they share a window), each window
+    with its compute ops first and then its copies grouped by instance."""
     ri = frame.op_rank_index()
     start = frame.op_start_ns.astype(np.float64)
     dur = frame.op_dur_ns.astype(np.float64)
     end = start + dur
     pred = _predecessors(ri, start, end)
-    lag0 = np.maximum(np.where(pred >= 0, start - end[np.maximum(pred, 0)], start), 0.0)
-    lag = lag0 * change.lag
-    new_dur = dur * change.dur
-    comm = np.flatnonzero(frame.op_kind != COMPUTE)
-    inst = feats.inst
-    # copies grouped by instance, for a max per instance without a scatter
-    order = np.argsort(inst.copy_inst, kind="stable")
-    sorted_inst = inst.copy_inst[order]
-    heads = np.flatnonzero(np.r_[True, sorted_inst[1:] != sorted_inst[:-1]]) if order.size \
-        else order
-    head_inst = sorted_inst[heads]
-    arrival = change.arrival_ns
-    transfer_ns = change.transfer_s * 1e9
-    is_comm = frame.op_kind != COMPUTE
-    actual_origin = _origins(frame, change.skew_ns)
-    origin = actual_origin if change.origin is None else change.origin
-    end = end + actual_origin[ri]
-    new_end = end.copy()
+    lag = np.maximum(np.where(pred >= 0, start - end[np.maximum(pred, 0)], start), 0.0)
+    inst_of = np.full(frame.n_ops, -1, np.int64)
+    comm = frame.op_kind != COMPUTE
+    inst_of[comm] = feats.inst.copy_inst
+    origin = _origins(frame, skew_ns)
+    end += origin[ri]
+    order: list[np.ndarray] = []
+    if frame.n_ops:
+        key = end.copy()
+        if comm.any():
+            inst_end = np.full(feats.inst.transfer_s.size, -np.inf)
+            np.maximum.at(inst_end, inst_of[comm], end[comm])
+            key[comm] = inst_end[inst_of[comm]]
+        n_win = max(frame.n_ops // max(frame.n_ranks, _MIN_WINDOW), 1)
+        low, high = float(key.min()), float(key.max())
+        win = ((key - low) * (n_win / (high - low + 1.0))).astype(np.int64)
+        # one sort: by window, compute (-1) before copies, copies by instance
+        by = np.argsort(win * (feats.inst.transfer_s.size + 1) + inst_of + 1, kind="stable")
+        order = [*np.split(by, np.flatnonzero(np.diff(win[by])) + 1),
+                 np.lexsort((inst_of, comm))]
+    return _Timeline(ri, dur, pred, lag, inst_of, end, origin, order)
+
+
+def replay(frame: StepFrame, line: _Timeline, change: _Change) -> np.ndarray:
+    """(R,) each rank's span (ns) when its step (`line`, as it ran) is re-run with `change`
+    (module docstring).
+
+    The ops are settled in the order they ended as the step ran (`timeline`): an op waits
+    only on ops that ended before it did (its predecessor, an instance's members' arrivals),
+    so each window settles in a few rounds on windows already settled. Relaxing every op at
+    once instead moves a change one dependency per round, and a pipeline's fill and drain
+    chains hundreds of them: at 1,024 GPUs (eight stages) 110 rounds left the what-if
+    unsettled by up to 250 ms and priced a slow GPU at a third of its cost. A last pass over
+    all ops settles what the order got wrong (node clocks that disagree)."""
+    ri, dur, lag0, end = line.ri, line.dur, line.lag, line.end
+    origin = line.origin if change.origin is None else change.origin
     arrival = _followed_arrival(ri, end, dur * (1.0 - change.dur) + lag0 * (1.0 - change.lag),
-                                actual_origin - origin, arrival, change.follow)
-    per_rank = np.diff(frame.off)
-    rounds = 2 * int(per_rank.max(initial=0)) + 8
-    for _ in range(rounds):
-        s = np.where(pred >= 0, new_end[np.maximum(pred, 0)], origin[ri]) + lag
-        e = s + new_dur
-        if comm.size:
-            last = np.maximum.reduceat(s[comm][order], heads)
-            inst_end = np.maximum(last, arrival[head_inst]) + transfer_ns[head_inst]
-            full = np.empty(inst.transfer_s.size)
-            full[head_inst] = inst_end
-            e[is_comm] = full[inst.copy_inst]
-        moved = float(np.max(np.abs(e - new_end))) if e.size else 0.0
-        new_end = e
-        if moved < _CONVERGED_NS:
-            break
+                                line.origin - origin, change.arrival_ns, change.follow)
+    step = _Relax(line.pred, origin[ri], lag0 * change.lag, dur * change.dur, line.inst_of,
+                  arrival, change.transfer_s * 1e9, end.copy())
+    rounds = 2 * int(np.diff(frame.off).max(initial=0)) + 8
+    for ops in line.order:
+        step.settle(ops, rounds)
     tail = (frame.t_end_ns - frame.t_start_ns).astype(np.float64)
     # a rank without ops ends where it began
-    last_actual = actual_origin.copy()
+    last_actual = line.origin.copy()
     last_new = origin.copy()
     if frame.n_ops:
         np.maximum.at(last_actual, ri, end)
-        np.maximum.at(last_new, ri, new_end)
-    return np.maximum(tail - (last_actual - actual_origin), 0.0) + last_new - origin
+        np.maximum.at(last_new, ri, step.new_end)
+    return np.maximum(tail - (last_actual - line.origin), 0.0) + last_new - origin
+
+
+@dataclass(slots=True)
+class _Relax:
+    """The replay's ops and their ends so far (`new_end`, ns on the replay's clock): an op
+    starts at its predecessor's end (or its rank's origin) plus its lag and lasts its
+    duration; an instance's copies all end at its last member's start (or its untraced
+    members' arrival) plus its transfer."""
+
+    pred: np.ndarray  # (N,) the op each op follows on its rank (-1: none)
+    origin: np.ndarray  # (N,) when the op's rank begins the step
+    lag: np.ndarray  # (N,)
+    dur: np.ndarray  # (N,)
+    inst_of: np.ndarray  # (N,) the op's instance (-1: compute)
+    arrival: np.ndarray  # (I,)
+    transfer_ns: np.ndarray  # (I,)
+    new_end: np.ndarray  # (N,)
+
+    def settle(self, ops: np.ndarray, rounds: int) -> None:
+        """Relax `ops` (compute first, then copies grouped by instance, every copy of an
+        instance among them) until none moves by 1 µs, at most `rounds` times."""
+        if ops.size == 0:
+            return
+        pred = self.pred[ops]
+        has = pred >= 0
+        pred = np.maximum(pred, 0)
+        first, lag, dur = self.origin[ops], self.lag[ops], self.dur[ops]
+        inst = self.inst_of[ops]
+        k = int(np.searchsorted(inst >= 0, True))  # compute ops come first
+        copies = inst[k:]
+        heads = np.flatnonzero(np.r_[True, copies[1:] != copies[:-1]]) if copies.size \
+            else np.zeros(0, np.int64)
+        head_inst = copies[heads]
+        width = np.diff(np.r_[heads, copies.size])
+        for _ in range(rounds):
+            s = np.where(has, self.new_end[pred], first) + lag
+            e = s + dur
+            if heads.size:
+                last = np.maximum(np.maximum.reduceat(s[k:], heads), self.arrival[head_inst])
+                e[k:] = np.repeat(last + self.transfer_ns[head_inst], width)
+            moved = float(np.max(np.abs(e - self.new_end[ops])))
+            self.new_end[ops] = e
+            if moved < _CONVERGED_NS:
+                return
 
 
 def _followed_arrival(

@@ -1,10 +1,13 @@
 """Benchmark: the detectors alone on whole 8,192-GPU steps with ~800 ops per rank.
 
 Usage: python load-tests/bench_detectors.py [--gpus 8192] [--microbatches 16] [--chunks 12]
-       [--steps 7] [--traced all|tp0|half|node_dark]
+       [--steps 7] [--traced all|tp0|half|node_dark] [--fault slow_gpu:1.5]
 Steps are simulated first (not timed), then fed to one JobDiagnoser on one core; the
 median of the timed steps is reported, with the split between the stages, and the cost of
 assembling the same step from its 8,192 per-rank messages (what the worker does before).
+With `--fault FAMILY:SEVERITY` the fault is there from the first step and the timed steps
+begin once its incident is open, so they include pricing it (`detectors/whatif.py`) on
+every step.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from detectors.network_suspects import Topology, transfer_reference
 from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
 from detectors.suspects import step_suspects
-from producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
+from producers.simulator import ClusterSimulator, Fault, Scenario, layout_for_gpus
+
+WARM_STEPS = 2  # baselines, membership, numpy caches
+OPEN_STEPS = 12  # with a fault: at most this many steps until its incident is open
 
 
 def main() -> None:
@@ -35,11 +41,18 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=12)
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--traced", default="all", help="which ranks report (partial tracing)")
+    ap.add_argument("--fault", default="", help="FAMILY:SEVERITY from the first step")
     args = ap.parse_args()
+    fault = None
+    if args.fault:
+        family, _, severity = args.fault.partition(":")
+        fault = Fault(family, float(severity or 1.5), onset_step=0)
+    n_warm = OPEN_STEPS if fault else WARM_STEPS
     sc = Scenario(
         job="bench",
         layout=layout_for_gpus(args.gpus),
-        steps=args.steps + 2,
+        steps=args.steps + n_warm,
+        fault=fault,
         seed=1,
         microbatches=args.microbatches,
         chunks=args.chunks,
@@ -52,13 +65,18 @@ def main() -> None:
     n_ranks = frames[0].n_ranks
     diag = JobDiagnoser("bench")
     diag.on_job(sim.job_start())
-    for f in frames[:2]:  # warm-up: baselines, membership, numpy caches
+    seen = 0
+    for f in frames[:n_warm]:
         diag.on_frame(f)
-    whole, feat_t, susp_t = [], [], []
-    for f in frames[2:]:
+        seen += 1
+        if fault and diag.book.open and seen >= WARM_STEPS:
+            break
+    whole, feat_t, susp_t, priced = [], [], [], 0
+    for f in frames[seen:seen + args.steps]:
         t0 = time.perf_counter()
         diag.on_frame(f)
         whole.append(time.perf_counter() - t0)
+        priced += bool(diag.book.open)
         t0 = time.perf_counter()
         feats = step_features(f)
         t1 = time.perf_counter()
@@ -86,6 +104,8 @@ def main() -> None:
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {py}, numpy {npv}")
     print(f"step: {n_ranks} of {args.gpus} ranks traced ({args.traced}), "
           f"{n_ops / n_ranks:.0f} ops per rank, {n_ops:,} ops")
+    if fault:
+        print(f"fault: {args.fault}; an incident open in {priced} of {len(whole)} timed steps")
     print("| stage | median s per step | ops/s |")
     print("|---|---:|---:|")
     print(f"| detectors, whole step (JobDiagnoser.on_frame) | {med:.3f} | {n_ops / med:,.0f} |")

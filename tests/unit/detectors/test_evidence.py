@@ -80,6 +80,22 @@ def test_small_frequent_bursts_confirm_once_they_cost_a_whole_step_together():
     assert _confirmed({s: 0.2 for s in range(0, 200, 9)}, 200) == []
 
 
+def test_extreme_bursts_confirm_though_together_they_cost_less_than_a_step():
+    """A NIC at half speed one step in six in a 1,024-GPU job: its transfers take 0.15 of a
+    step more, far beyond any jitter (z 20), but five such steps within LONG_WINDOW cost
+    under a step. Four of them confirm it; as many at an ordinary z (9) never do."""
+    from detectors.evidence import EXTREME, LONG_MIN_HITS
+
+    def confirmed(z: float) -> list[int]:
+        t = EvidenceTracker()
+        return [s for s in range(60) if (
+            t.update(s, ["node:a"], ["link"], [z], [0.15], ["slow"], step_s=1.0) if s % 6 == 0
+            else _quiet(t, s))]
+
+    assert confirmed(EXTREME * Z_ON + 4.0)[0] == 6 * (LONG_MIN_HITS - 1)
+    assert confirmed(9.0) == []
+
+
 def test_one_costly_step_or_cheap_ones_never_confirm():
     assert _confirmed({5: 5.0}, 40) == []  # one long pause: a GC, a slow batch
     assert _confirmed({5: 0.95, 30: 0.95, 55: 0.95}, 80) == []  # each far from the next

@@ -257,3 +257,33 @@ def test_a_slow_nic_on_a_p2p_transfer_whose_other_end_is_not_traced():
     cost = _cost(frame_of(msgs), "link", "node:n0", group_size={"pp": 2})
     assert cost.actual_s == pytest.approx(0.045)
     assert cost.without_s == pytest.approx(0.030, abs=1e-4)
+
+
+def test_a_deep_pipeline_is_replayed_to_its_end():
+    """Two data replicas of a 12-stage pipeline, one rank per stage and node: each stage
+    receives, computes 10 ms and sends (2 ms), and then every rank all-reduces (3 ms). The
+    slow GPU (replica 0, stage 0) computes 30 ms; everything after it in its replica waits,
+    and so does the all-reduce. The chain of waits is 24 ops long, more than a replay that
+    moves a change one op per round settles in twice a rank's ops (the rounds of a replay
+    that priced a slow GPU at 1,024 GPUs at a third of its cost): without the slow GPU the
+    step ends 20 ms earlier."""
+    stages, ranks, finish = 12, [], 0.0
+    for dp in range(2):
+        ready = 0.0  # when the stage's input arrives
+        for pp in range(stages):
+            fwd = 30.0 if (dp, pp) == (0, 0) else 10.0
+            ops = [] if pp == 0 else [("p2p", "recv", f"pp.{dp}-{pp}", 1, 0.0, ready, 64)]
+            ops.append(("compute", "fwd", "", 0, ready, fwd, 0))
+            ready += fwd
+            if pp < stages - 1:
+                ops.append(("p2p", "send", f"pp.{dp}-{pp + 1}", 1, ready, 2.0, 64))
+                ready += 2.0
+            ranks.append((dp * stages + pp, {"pp": pp, "dp": dp, "tp": 0}, ops, ready))
+            finish = max(finish, ready + 3.0)
+    frame = frame_of([
+        rank_step(r, f"n{r}", 0, [*ops, ("coll", "all_reduce", "world.0", 1, done,
+                                         finish - done, 1024)], coords=coords)
+        for r, coords, ops, done in ranks])
+    cost = _cost(frame, "gpu", "rank:0", group_size={"pp": 2, "world": 24})
+    assert cost.actual_s == pytest.approx(finish / 1e3)
+    assert cost.lost_s == pytest.approx(0.020, abs=1e-4)
