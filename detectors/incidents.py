@@ -55,6 +55,8 @@ class OpenIncident:
     # between its bursts, and resolving in one of those gaps pages the same fault twice
     resolve_after: int | None = None
     _net_lost: float = 0.0  # Σ of the steps' estimates, negative ones included (`_lose`)
+    priced_step: int = -1  # the last evidence step its what-if was replayed on ...
+    priced_slowdown: float = 1.0  # ... and the slowdown it gave (`JobDiagnoser._evidence`)
 
     @property
     def slowdown(self) -> float:

@@ -247,8 +247,7 @@ def job_cost(
     begins with and updates (without it, each rank begins the step as it did).
     """
     inst = feats.inst
-    span = (frame.t_end_ns - frame.t_start_ns).astype(np.float64)
-    actual = float(np.median(span)) / 1e9 if span.size else 0.0
+    actual = step_span_s(frame)
     if frame.n_ops == 0 or actual <= 0:
         return JobCost(actual, actual)
     skew = clock_offsets(frame, inst)
@@ -284,6 +283,12 @@ def job_cost(
     # (`OpenIncident._lose`), so the noise cancels instead of adding up (cost p90 over all
     # runs 6.2% -> 5.0% at 256 GPUs, 31% -> 23% at 1,024; ACCURACY.md, third pass)
     return JobCost(actual, actual * what_if / base)
+
+
+def step_span_s(frame: StepFrame) -> float:
+    """The step time the detectors measure: the median rank span (s; 0 without ranks)."""
+    span = (frame.t_end_ns - frame.t_start_ns).astype(np.float64)
+    return float(np.median(span)) / 1e9 if span.size else 0.0
 
 
 def _typical_transfer(inst: Instances) -> np.ndarray:
@@ -440,11 +445,20 @@ def _with_traced(arrival_ns: np.ndarray) -> np.ndarray:
 
 def _peer_typical(
     frame: StepFrame, stages: tuple[np.ndarray, int], values: np.ndarray, rows: np.ndarray,
-    culprit: np.ndarray,
+    culprit: np.ndarray, need: np.ndarray,
 ) -> np.ndarray:
     """(len(rows),) the median of `values` (per op) over the same op, by name and occurrence
-    (a rank's 3rd "fwd"), on the stage peers that are not the culprit; NaN where none ran it."""
+    (a rank's 3rd "fwd"), on the stage peers that are not the culprit; NaN where none ran it
+    or where the rank is not one of those that `need` (R,) it. Only the needing ranks' peer
+    sets are read: a GPU's tensor-parallel peers are 7 ranks of thousands."""
+    out = np.full(rows.size, np.nan)
     ri = frame.op_rank_index()[rows]
+    wanted = np.zeros(stages[1], bool)
+    wanted[stages[0][need]] = True
+    sel = np.flatnonzero(wanted[stages[0][ri]])
+    if sel.size == 0:
+        return out
+    rows, ri = rows[sel], ri[sel]
     name = frame.op_name[rows].astype(np.int64)
     n_names = int(name.max()) + 1
     order = np.lexsort((rows, name, ri))
@@ -461,7 +475,8 @@ def _peer_typical(
     typical = np.full(uniq.size, np.nan)
     if peer.any():
         typical = grouped_median(values[rows][peer], code[peer], uniq.size)
-    return typical[code]
+    out[sel] = typical[code]
+    return out
 
 
 def _compute_without(
@@ -476,12 +491,17 @@ def _compute_without(
     if rows.size == 0 or not culprit[rows].any():
         return out
     typical = np.full(rows.size, np.nan)
+    mine = np.zeros(frame.n_ranks, bool)
+    mine[frame.op_rank_index()[rows][culprit[rows]]] = True
     replicas = replica_keys(frame) if kind == "gpu" else None
     if replicas is not None:
-        typical = _peer_typical(frame, replicas, values, rows, culprit)
+        typical = _peer_typical(frame, replicas, values, rows, culprit, mine)
     need = ~np.isfinite(typical) & culprit[rows]
     if need.any():
-        stage = _peer_typical(frame, stages, values, rows, culprit)
+        # the culprit's replica's other ranks too, for the replica's load
+        dp = frame.coord("dp")
+        replica = mine | (np.isin(dp, dp[mine]) if (dp >= 0).all() else mine)
+        stage = _peer_typical(frame, stages, values, rows, culprit, replica)
         load = _replica_load(frame, values, rows, culprit, stage)
         typical = np.where(need, stage * load[frame.op_rank_index()[rows]], typical)
     out[rows] = _down_to(values[rows], typical, culprit[rows], fallback[rows])
@@ -531,7 +551,9 @@ def _toward_peers(
     out = np.ones(frame.n_ops)
     if rows.size == 0 or not culprit[rows].any():
         return out
-    t = _peer_typical(frame, stages, values, rows, culprit)
+    mine = np.zeros(frame.n_ranks, bool)
+    mine[frame.op_rank_index()[rows][culprit[rows]]] = True
+    t = _peer_typical(frame, stages, values, rows, culprit, mine)
     out[rows] = _down_to(values[rows], t, culprit[rows], fallback[rows])
     return out
 
@@ -562,19 +584,38 @@ def _network_instances(
 
 
 @dataclass(frozen=True, slots=True)
+class _Copies:
+    """Copies of instances lying together (positions `at`, or from `at` on when a slice
+    start), grouped by instance: where each instance's run begins (`heads`, relative),
+    which instance it is and how many copies it has."""
+
+    at: np.ndarray | int
+    heads: np.ndarray
+    inst: np.ndarray
+    width: np.ndarray
+
+    @staticmethod
+    def of(inst_of: np.ndarray, at: np.ndarray | int) -> _Copies:
+        heads = np.flatnonzero(np.r_[True, inst_of[1:] != inst_of[:-1]]) if inst_of.size \
+            else np.zeros(0, np.int64)
+        return _Copies(at, heads, inst_of[heads], np.diff(np.r_[heads, inst_of.size]))
+
+
+@dataclass(frozen=True, slots=True)
 class _Timeline:
-    """The step as it ran, on the replay's clock, and the order its replays settle its ops
-    in: the same for every replay of the step, so made once (`timeline`)."""
+    """The step as it ran, on the replay's clock, laid out in the order its replays settle
+    its ops (`timeline`): the same for every replay of the step, so made once. Per-op
+    arrays are in frame order unless named `*_p` (settling order, `perm`)."""
 
     ri: np.ndarray  # (N,) each op's rank index
     dur: np.ndarray  # (N,) ns
-    pred: np.ndarray  # (N,) the op each op follows on its rank (`_predecessors`; -1: none)
     lag: np.ndarray  # (N,) ns from the predecessor's end (or the rank's begin) to the start
-    inst_of: np.ndarray  # (N,) the op's instance (-1: compute)
     end: np.ndarray  # (N,) ns, as it ran
     origin: np.ndarray  # (R,) when each rank began the step (`_origins`)
-    # the windows settled one after the other, then all ops once more (`_Relax.settle`)
-    order: list[np.ndarray]
+    perm: np.ndarray  # (N,) the op at each position of the settling order
+    pred_p: np.ndarray  # (N,) position of the op each op follows on its rank (-1: none)
+    windows: list[tuple[int, int, _Copies]]  # (start, end, copies from `at` on) positions
+    copies: _Copies  # every copy's position, for the last pass over all ops
 
 
 def timeline(frame: StepFrame, feats: StepFeatures, skew_ns: np.ndarray) -> _Timeline:
@@ -593,21 +634,29 @@ def timeline(frame: StepFrame, feats: StepFeatures, skew_ns: np.ndarray) -> _Tim
     inst_of[comm] = feats.inst.copy_inst
     origin = _origins(frame, skew_ns)
     end += origin[ri]
-    order: list[np.ndarray] = []
-    if frame.n_ops:
-        key = end.copy()
-        if comm.any():
-            inst_end = np.full(feats.inst.transfer_s.size, -np.inf)
-            np.maximum.at(inst_end, inst_of[comm], end[comm])
-            key[comm] = inst_end[inst_of[comm]]
-        n_win = max(frame.n_ops // max(frame.n_ranks, _MIN_WINDOW), 1)
-        low, high = float(key.min()), float(key.max())
-        win = ((key - low) * (n_win / (high - low + 1.0))).astype(np.int64)
-        # one sort: by window, compute (-1) before copies, copies by instance
-        by = np.argsort(win * (feats.inst.transfer_s.size + 1) + inst_of + 1, kind="stable")
-        order = [*np.split(by, np.flatnonzero(np.diff(win[by])) + 1),
-                 np.lexsort((inst_of, comm))]
-    return _Timeline(ri, dur, pred, lag, inst_of, end, origin, order)
+    key = end.copy()
+    if comm.any():
+        inst_end = np.full(feats.inst.transfer_s.size, -np.inf)
+        np.maximum.at(inst_end, inst_of[comm], end[comm])
+        key[comm] = inst_end[inst_of[comm]]
+    n_win = max(frame.n_ops // max(frame.n_ranks, _MIN_WINDOW), 1)
+    low, high = (float(key.min()), float(key.max())) if key.size else (0.0, 0.0)
+    win = ((key - low) * (n_win / (high - low + 1.0))).astype(np.int64)
+    # one sort: by window, compute (-1) before copies, copies by instance
+    perm = np.argsort(win * (feats.inst.transfer_s.size + 1) + inst_of + 1, kind="stable")
+    pos = np.empty(frame.n_ops, np.int64)
+    pos[perm] = np.arange(frame.n_ops)
+    pred_perm = pred[perm]
+    pred_p = np.where(pred_perm >= 0, pos[np.maximum(pred_perm, 0)], -1)
+    inst_p = inst_of[perm]
+    cuts = np.r_[0, np.flatnonzero(np.diff(win[perm])) + 1, frame.n_ops]
+    windows = []
+    for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+        k = lo + int(np.searchsorted(inst_p[lo:hi] >= 0, True))  # compute ops come first
+        windows.append((lo, hi, _Copies.of(inst_p[k:hi], k)))
+    at = np.flatnonzero(inst_p >= 0)
+    return _Timeline(ri, dur, lag, end, origin, perm, pred_p, windows,
+                     _Copies.of(inst_p[at], at))
 
 
 def replay(frame: StepFrame, line: _Timeline, change: _Change) -> np.ndarray:
@@ -621,64 +670,60 @@ def replay(frame: StepFrame, line: _Timeline, change: _Change) -> np.ndarray:
     chains hundreds of them: at 1,024 GPUs (eight stages) 110 rounds left the what-if
     unsettled by up to 250 ms and priced a slow GPU at a third of its cost. A last pass over
     all ops settles what the order got wrong (node clocks that disagree)."""
-    ri, dur, lag0, end = line.ri, line.dur, line.lag, line.end
+    ri, dur, lag0, end, perm = line.ri, line.dur, line.lag, line.end, line.perm
     origin = line.origin if change.origin is None else change.origin
     arrival = _followed_arrival(ri, end, dur * (1.0 - change.dur) + lag0 * (1.0 - change.lag),
                                 line.origin - origin, change.arrival_ns, change.follow)
-    step = _Relax(line.pred, origin[ri], lag0 * change.lag, dur * change.dur, line.inst_of,
-                  arrival, change.transfer_s * 1e9, end.copy())
+    step = _Relax(line.pred_p, origin[ri[perm]], (lag0 * change.lag)[perm],
+                  (dur * change.dur)[perm], arrival, change.transfer_s * 1e9, end[perm])
     rounds = 2 * int(np.diff(frame.off).max(initial=0)) + 8
-    for ops in line.order:
-        step.settle(ops, rounds)
+    for lo, hi, copies in line.windows:
+        step.settle(slice(lo, hi), copies, rounds)
+    step.settle(slice(0, frame.n_ops), line.copies, rounds)
+    new_end = np.empty(frame.n_ops)
+    new_end[perm] = step.new_end
     tail = (frame.t_end_ns - frame.t_start_ns).astype(np.float64)
     # a rank without ops ends where it began
     last_actual = line.origin.copy()
     last_new = origin.copy()
     if frame.n_ops:
         np.maximum.at(last_actual, ri, end)
-        np.maximum.at(last_new, ri, step.new_end)
+        np.maximum.at(last_new, ri, new_end)
     return np.maximum(tail - (last_actual - line.origin), 0.0) + last_new - origin
 
 
 @dataclass(slots=True)
 class _Relax:
-    """The replay's ops and their ends so far (`new_end`, ns on the replay's clock): an op
-    starts at its predecessor's end (or its rank's origin) plus its lag and lasts its
-    duration; an instance's copies all end at its last member's start (or its untraced
-    members' arrival) plus its transfer."""
+    """The replay's ops in settling order and their ends so far (`new_end`, ns on the
+    replay's clock): an op starts at its predecessor's end (or its rank's origin) plus its
+    lag and lasts its duration; an instance's copies all end at its last member's start (or
+    its untraced members' arrival) plus its transfer."""
 
-    pred: np.ndarray  # (N,) the op each op follows on its rank (-1: none)
-    origin: np.ndarray  # (N,) when the op's rank begins the step
+    pred: np.ndarray  # (N,) position of the op each op follows on its rank (-1: none)
+    first: np.ndarray  # (N,) when the op's rank begins the step
     lag: np.ndarray  # (N,)
     dur: np.ndarray  # (N,)
-    inst_of: np.ndarray  # (N,) the op's instance (-1: compute)
     arrival: np.ndarray  # (I,)
     transfer_ns: np.ndarray  # (I,)
     new_end: np.ndarray  # (N,)
 
-    def settle(self, ops: np.ndarray, rounds: int) -> None:
-        """Relax `ops` (compute first, then copies grouped by instance, every copy of an
-        instance among them) until none moves by 1 µs, at most `rounds` times."""
-        if ops.size == 0:
-            return
+    def settle(self, ops: slice, copies: _Copies, rounds: int) -> None:
+        """Relax the ops at positions `ops` (every copy of an instance among them, at
+        `copies`) until none moves by 1 µs, at most `rounds` times."""
         pred = self.pred[ops]
         has = pred >= 0
         pred = np.maximum(pred, 0)
-        first, lag, dur = self.origin[ops], self.lag[ops], self.dur[ops]
-        inst = self.inst_of[ops]
-        k = int(np.searchsorted(inst >= 0, True))  # compute ops come first
-        copies = inst[k:]
-        heads = np.flatnonzero(np.r_[True, copies[1:] != copies[:-1]]) if copies.size \
-            else np.zeros(0, np.int64)
-        head_inst = copies[heads]
-        width = np.diff(np.r_[heads, copies.size])
+        first, lag, dur = self.first[ops], self.lag[ops], self.dur[ops]
+        at = copies.at - ops.start  # relative to the window
+        grouped = slice(at, None) if isinstance(at, int) else at
+        arrival, transfer = self.arrival[copies.inst], self.transfer_ns[copies.inst]
         for _ in range(rounds):
             s = np.where(has, self.new_end[pred], first) + lag
             e = s + dur
-            if heads.size:
-                last = np.maximum(np.maximum.reduceat(s[k:], heads), self.arrival[head_inst])
-                e[k:] = np.repeat(last + self.transfer_ns[head_inst], width)
-            moved = float(np.max(np.abs(e - self.new_end[ops])))
+            if copies.heads.size:
+                last = np.maximum(np.maximum.reduceat(s[grouped], copies.heads), arrival)
+                e[grouped] = np.repeat(last + transfer, copies.width)
+            moved = float(np.max(np.abs(e - self.new_end[ops]))) if e.size else 0.0
             self.new_end[ops] = e
             if moved < _CONVERGED_NS:
                 return

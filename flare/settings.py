@@ -37,6 +37,9 @@ class DetectorSettings(BaseSettings):
         10, description="steps with the culprit not even a suspect before an incident resolves"
     )
     ops_sample_every: int = Field(100, description="keep raw ops of every Nth step")
+    price_ops: int = Field(
+        2_000_000, ge=1, description="ops per step the what-if prices every evidence step of; "
+        "a larger step every (its ops / this)-th, the steps between at its last estimate")
 
     def config(self) -> DetectorConfig:
         """The frozen value the detectors are built with."""
@@ -44,7 +47,7 @@ class DetectorSettings(BaseSettings):
             grace_s=self.grace_s, grace_steps=self.grace_steps, window=self.window,
             delta=self.delta, hang_timeout_s=self.hang_timeout_s,
             hang_timeout_steps=self.hang_timeout_steps, resolve_after=self.resolve_after,
-            ops_sample_every=self.ops_sample_every,
+            ops_sample_every=self.ops_sample_every, price_ops=self.price_ops,
         )
 
 

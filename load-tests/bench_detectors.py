@@ -71,12 +71,14 @@ def main() -> None:
         seen += 1
         if fault and diag.book.open and seen >= WARM_STEPS:
             break
-    whole, feat_t, susp_t, priced = [], [], [], 0
+    whole, feat_t, susp_t, opened, priced = [], [], [], 0, []
     for f in frames[seen:seen + args.steps]:
         t0 = time.perf_counter()
         diag.on_frame(f)
         whole.append(time.perf_counter() - t0)
-        priced += bool(diag.book.open)
+        opened += bool(diag.book.open)
+        if any(i.priced_step == f.step for i in diag.book.open.values()):
+            priced.append(whole[-1])
         t0 = time.perf_counter()
         feats = step_features(f)
         t1 = time.perf_counter()
@@ -105,7 +107,10 @@ def main() -> None:
     print(f"step: {n_ranks} of {args.gpus} ranks traced ({args.traced}), "
           f"{n_ops / n_ranks:.0f} ops per rank, {n_ops:,} ops")
     if fault:
-        print(f"fault: {args.fault}; an incident open in {priced} of {len(whole)} timed steps")
+        print(f"fault: {args.fault}; an incident open in {opened} of {len(whole)} timed steps, "
+              f"its what-if replayed in {len(priced)} (the detectors' `price_ops`)")
+        if priced:
+            print(f"median s per step with the what-if replayed: {statistics.median(priced):.3f}")
     print("| stage | median s per step | ops/s |")
     print("|---|---:|---:|")
     print(f"| detectors, whole step (JobDiagnoser.on_frame) | {med:.3f} | {n_ops / med:,.0f} |")

@@ -324,3 +324,27 @@ def test_a_job_shift_that_a_device_explains_later_is_resolved_and_points_to_it()
     assert shift.summary == ("job-wide step time shifted ×2.00 (now 1.00 s): explained by link "
                              f"node:n1 (incident {nic.id}, confirmed 4 steps later)")
     assert d.book.get("job", "job") is None
+
+
+def test_a_large_step_is_priced_every_few_evidence_steps_at_about_the_same_cost():
+    """Replaying a 16,384-GPU step takes seconds; above `price_ops` ops a step is priced
+    only every (ops / price_ops)-th evidence step, the steps between at the last estimate.
+    Here a small job is made to look large: priced one step in three, its slow GPU's
+    incident is the same and costs within a tenth of what pricing every step finds."""
+    frames = [f for f in ClusterSimulator(_scenario("slow_gpu", 1.5)).run()
+              if isinstance(f, StepFrame)]
+    every = 3
+    runs = {}
+    for price_ops in (10**9, -(-frames[0].n_ops // every)):
+        diag = JobDiagnoser("t", DetectorConfig(price_ops=price_ops))
+        priced = []
+        for f in frames:
+            diag.on_frame(f)
+            priced += [i.priced_step for i in diag.book.open.values()]
+        (inc,) = diag.book.open.values()
+        runs[price_ops] = (inc.culprit, inc.evidence_steps, inc.lost_gpu_seconds, priced)
+    full, sparse = runs.values()
+    assert sparse[:2] == full[:2]
+    assert sparse[2] == pytest.approx(full[2], rel=0.1)
+    assert sorted(set(full[3])) == sorted(set(range(min(full[3]), frames[-1].step + 1)))
+    assert np.diff(sorted(set(sparse[3]))).tolist() == [every] * (len(set(sparse[3])) - 1)
