@@ -683,13 +683,19 @@ def replay(frame: StepFrame, line: _Timeline, change: _Change) -> np.ndarray:
     new_end = np.empty(frame.n_ops)
     new_end[perm] = step.new_end
     tail = (frame.t_end_ns - frame.t_start_ns).astype(np.float64)
-    # a rank without ops ends where it began
-    last_actual = line.origin.copy()
-    last_new = origin.copy()
-    if frame.n_ops:
-        np.maximum.at(last_actual, ri, end)
-        np.maximum.at(last_new, ri, new_end)
+    last_actual = _rank_max(frame, end, line.origin)
+    last_new = _rank_max(frame, new_end, origin)
     return np.maximum(tail - (last_actual - line.origin), 0.0) + last_new - origin
+
+
+def _rank_max(frame: StepFrame, values: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """(R,) the largest of each rank's per-op `values`, never below `floor` (a rank without
+    ops ends where it began). One pass over the rows, which lie rank after rank."""
+    out = floor.copy()
+    has = np.diff(frame.off) > 0
+    if has.any():
+        out[has] = np.maximum(out[has], np.maximum.reduceat(values, frame.off[:-1][has]))
+    return out
 
 
 @dataclass(slots=True)
