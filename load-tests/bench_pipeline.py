@@ -6,7 +6,8 @@ Usage:
   python load-tests/bench_pipeline.py --gpus 1024 --speed 1 --duration-s 600  # real time, lag
 Options: --step-time 10, --microbatches 16 --chunks 12 (~830 ops per rank), --distinct 3,
 --no-heartbeats, --first-step 60, --sample-s, --profile-s 30 (py-spy on the worker),
---fetch-max-wait-ms MS (the worker's FLARE_KAFKA_FETCH_MAX_WAIT_MS; faust's own is 1500).
+--fetch-max-wait-ms MS (the worker's FLARE_KAFKA_FETCH_MAX_WAIT_MS; faust's own is 1500),
+--fault FAMILY:SEVERITY (in every step: an incident stays open, and its what-if runs).
 
 What runs: a throwaway tansu broker and one `flare worker` process (embedded chDB in a temp
 dir, its API on a free port), all on loopback; everything stops by itself.
@@ -56,6 +57,7 @@ from flare.local.broker import free_port, start_tansu
 from flare.local.processes import WorkerProcess, start_worker
 from producers.live import publish_events
 from producers.publisher import KafkaPublisher, PublishError
+from producers.simulator import Fault
 from schemas.kafka import KafkaConnection
 from schemas.topics import HEARTBEATS, INPUT_TOPICS, STEPS
 from streams.kafka.topics import ensure_topics
@@ -187,6 +189,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--sample-s", type=float, default=0.0, help="default: 1 s, paced 10 s")
     ap.add_argument("--profile-s", type=float, default=0.0, help="py-spy the worker this long")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="hard stop")
+    ap.add_argument("--fault", default="", help="FAMILY:SEVERITY in every step")
     ap.add_argument("--fetch-max-wait-ms", type=int, default=None,
                     help="the worker's fetch wait (FLARE_KAFKA_FETCH_MAX_WAIT_MS; default: "
                     "the setting's default)")
@@ -264,6 +267,11 @@ def run(args: argparse.Namespace, wl: Workload, steps: int) -> Outcome:
                 spy.wait(timeout=args.profile_s + 60)
             final = worker.stats(timeout_s=60.0)
             stored = api_json(worker, f"/v1/jobs/{wl.job}")
+            found = api_json(worker, "/v1/incidents", job=wl.job)
+            items = found.get("items", []) if isinstance(found, dict) else []
+            print("incidents: " + (", ".join(
+                f"{i['kind']} {i['culprit']} ({i['status']}, {i['evidence_steps']} steps)"
+                for i in items) or "none"), file=sys.stderr)
             series = api_json(worker, f"/v1/jobs/{wl.job}/steps", limit=10000)
             newest = stored.get("last_step") if isinstance(stored, dict) else None
             ranks = (api_json(worker, f"/v1/jobs/{wl.job}/ranks", step=newest, limit=100000)
@@ -295,8 +303,12 @@ def main() -> None:
         steps = args.steps or 30
     load0 = os.getloadavg()
     g0 = time.perf_counter()
+    fault = None
+    if args.fault:
+        family, _, severity = args.fault.partition(":")
+        fault = Fault(family, float(severity or 1.5), onset_step=0)
     wl = build_workload(args.gpus, args.distinct, args.step_time, args.microbatches,
-                        args.chunks, args.heartbeats, args.first_step)
+                        args.chunks, args.heartbeats, args.first_step, fault)
     gen_s = time.perf_counter() - g0
     n = Counter(t.topic for t in wl.templates)
     print(f"generated {wl.distinct} distinct steps of {wl.world:,} ranks in {gen_s:.1f} s "

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
+from producers.simulator import ClusterSimulator, Fault, Scenario, layout_for_gpus
 from schemas.topics import JOBS, STEPS
 
 _MARK = 7_777_000_000_000_000_000  # > any ns timestamp we emit, < 2**63: a hole in a template
@@ -120,12 +120,14 @@ class Workload:
 
 
 def build_workload(gpus: int, distinct: int, step_time_s: float, microbatches: int,
-                   chunks: int, heartbeats: bool, first_step: int) -> Workload:
-    """Simulate `distinct` + 2 steps, keep steps 1..distinct (step 0 is the job's first)."""
+                   chunks: int, heartbeats: bool, first_step: int,
+                   fault: Fault | None = None) -> Workload:
+    """Simulate `distinct` + 2 steps, keep steps 1..distinct (step 0 is the job's first);
+    `fault` is in every one of them (an incident stays open once confirmed)."""
     s0 = 1
     sc = Scenario(job=f"bench-{gpus}-{uuid.uuid4().hex[:6]}", layout=layout_for_gpus(gpus),
                   steps=s0 + distinct + 1, seed=7, microbatches=microbatches, chunks=chunks,
-                  step_time_s=step_time_s, heartbeats=heartbeats)
+                  step_time_s=step_time_s, heartbeats=heartbeats, fault=fault)
     sim = ClusterSimulator(sc)
     templates: list[Template] = []
     first_start: dict[int, int] = {}
