@@ -3,8 +3,10 @@
 The training thread only appends a finished step to a bounded queue (`submit`); this thread
 builds the v1 message, sends it, and every `interval_s` sends the rank's in-flight table,
 which is what lets the daemon see a hang while the training thread is stuck inside a
-collective (gloo and NCCL waits release the GIL). When the daemon is away or slow the
-message is dropped and counted; reconnection is retried at most every `retry_s`.
+collective (gloo and NCCL waits release the GIL). When the daemon is away (not started yet,
+restarting) finished steps wait in the queue, up to `max_queued`, and are dropped and
+counted only past that or when the process ends; reconnection is retried at most every
+`retry_s`. A step whose send fails on an open connection is dropped and counted.
 
 With GPU timing (`gpu`), this thread is also where a step's CUDA events are read: it waits
 for them (bounded, `GpuTimer.resolve`) before building the step's message, so the training
@@ -123,6 +125,8 @@ class AgentClient:
                     bye = b"{}"
                 self._send(BYE, bye)
                 self._disconnect()
+                self.stats.dropped_steps += len(self._queue)  # no daemon took them
+                self._queue.clear()
                 return
             self._wake.wait(max(0.0, self.interval_s - (time.monotonic() - last_table)))
             self._wake.clear()
@@ -135,6 +139,10 @@ class AgentClient:
                 meta = None
             if meta is None:
                 return  # identity unknown yet (no process group): keep the steps queued
+            if self._connect() is None:
+                # no daemon yet (a socket file bound but not listening, a restart): keep
+                # them queued; dropping here lost a rank's first step under load
+                return
             cut = self._queue.popleft()
             try:
                 gpu = None

@@ -54,3 +54,14 @@ def test_rank_zeros_hello_carries_the_jobs_node_list_and_no_other_rank_does():
         hello = client._hello()
         assert hello is not None
         assert orjson.loads(hello).get("job_nodes") == expected
+
+
+def test_a_step_waits_in_the_queue_while_no_daemon_listens():
+    """The daemon's socket is not accepting yet (or it restarts): the step stays queued for
+    the next attempt instead of being dropped (a rank's first step was lost that way when
+    the hook connected between the daemon's bind and its listen)."""
+    client = AgentClient(Path("/nonexistent/flare.sock"), lambda: RankMeta("j", 0, "n"),
+                         OpLog().inflight)
+    client.submit(OpLog().cut())
+    client._drain()
+    assert len(client._queue) == 1 and client.stats.dropped_steps == 0
