@@ -64,7 +64,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from detectors.base import Stateful
-from detectors.features import Instances, StepFeatures
+from detectors.features import Instances, StepFeatures, rank_max
 from detectors.network_suspects import REF_QUANTILE, transfer_reference
 from detectors.peers import replica_keys, stage_keys
 from detectors.reconcile import NETWORK_KINDS
@@ -422,11 +422,11 @@ def _change(
     culprit = np.repeat(mine, np.diff(frame.off))
     if feats.has_compute:
         compute = np.flatnonzero(frame.op_kind == COMPUTE)
-        dur = _compute_without(frame, kind, stages, compute, culprit, per_op)
+        dur = _compute_without(frame, kind, stages, compute, culprit, mine, per_op)
     if kind == "host" or not feats.has_compute:
         # a starved host stretches the gaps before ops; without compute ops the gaps are the
         # compute (the ratio is measured on them)
-        lag = _toward_peers(frame, stages, lags, np.arange(frame.n_ops), culprit,
+        lag = _toward_peers(frame, stages, lags, np.arange(frame.n_ops), culprit, mine,
                             per_op if not feats.has_compute else np.ones(frame.n_ops))
     # a node's (or host's) untraced GPUs are as slow as its traced ones: without it, they
     # arrive with the rest; one traced GPU's untraced peers are healthy, but late by as much
@@ -481,18 +481,17 @@ def _peer_typical(
 
 def _compute_without(
     frame: StepFrame, kind: str, stages: tuple[np.ndarray, int], rows: np.ndarray,
-    culprit: np.ndarray, fallback: np.ndarray,
+    culprit: np.ndarray, mine: np.ndarray, fallback: np.ndarray,
 ) -> np.ndarray:
     """(N,) factor on each compute op's duration without the culprit's excess: its
     tensor-parallel peers' typical duration (one GPU; they compute the same data), else its
-    stage peers' times the load of its data replica in this step, else `fallback`."""
+    stage peers' times the load of its data replica in this step, else `fallback`.
+    `culprit`: (N,) its ops; `mine`: (R,) its ranks."""
     values = frame.op_dur_ns.astype(np.float64)
     out = np.ones(frame.n_ops)
     if rows.size == 0 or not culprit[rows].any():
         return out
     typical = np.full(rows.size, np.nan)
-    mine = np.zeros(frame.n_ranks, bool)
-    mine[frame.op_rank_index()[rows][culprit[rows]]] = True
     replicas = replica_keys(frame) if kind == "gpu" else None
     if replicas is not None:
         typical = _peer_typical(frame, replicas, values, rows, culprit, mine)
@@ -544,15 +543,14 @@ def _replica_load(
 
 def _toward_peers(
     frame: StepFrame, stages: tuple[np.ndarray, int], values: np.ndarray, rows: np.ndarray,
-    culprit: np.ndarray, fallback: np.ndarray,
+    culprit: np.ndarray, mine: np.ndarray, fallback: np.ndarray,
 ) -> np.ndarray:
-    """(N,) factor on each op's value: the culprit's `rows` brought down to their peers'
-    typical value (never up), `fallback` where no peer ran the op; 1 elsewhere."""
+    """(N,) factor on each op's value: the culprit's `rows` (its ops `culprit`, its ranks
+    `mine`) brought down to their peers' typical value (never up), `fallback` where no peer
+    ran the op; 1 elsewhere."""
     out = np.ones(frame.n_ops)
     if rows.size == 0 or not culprit[rows].any():
         return out
-    mine = np.zeros(frame.n_ranks, bool)
-    mine[frame.op_rank_index()[rows][culprit[rows]]] = True
     t = _peer_typical(frame, stages, values, rows, culprit, mine)
     out[rows] = _down_to(values[rows], t, culprit[rows], fallback[rows])
     return out
@@ -683,19 +681,10 @@ def replay(frame: StepFrame, line: _Timeline, change: _Change) -> np.ndarray:
     new_end = np.empty(frame.n_ops)
     new_end[perm] = step.new_end
     tail = (frame.t_end_ns - frame.t_start_ns).astype(np.float64)
-    last_actual = _rank_max(frame, end, line.origin)
-    last_new = _rank_max(frame, new_end, origin)
+    # a rank without ops ends where it began
+    last_actual = np.maximum(line.origin, rank_max(frame, end))
+    last_new = np.maximum(origin, rank_max(frame, new_end))
     return np.maximum(tail - (last_actual - line.origin), 0.0) + last_new - origin
-
-
-def _rank_max(frame: StepFrame, values: np.ndarray, floor: np.ndarray) -> np.ndarray:
-    """(R,) the largest of each rank's per-op `values`, never below `floor` (a rank without
-    ops ends where it began). One pass over the rows, which lie rank after rank."""
-    out = floor.copy()
-    has = np.diff(frame.off) > 0
-    if has.any():
-        out[has] = np.maximum(out[has], np.maximum.reduceat(values, frame.off[:-1][has]))
-    return out
 
 
 @dataclass(slots=True)
