@@ -140,7 +140,10 @@ class StackBook(Stateful):
         where: dict[tuple[str, tuple[str, ...]], list[int]] = {}
         answered: set[int] = set()
         for rank, (ts, threads) in self.stacks.items():
-            if ts < since_ns:
+            if ts < since_ns or rank in self.proc_state:
+                # a process that cannot answer now sent that stack before it stopped: it
+                # may have moved on since (a stack is dumped while a step is overdue, and
+                # the freeze can land a collective later), so its state is what is known
                 continue
             answered.add(rank)
             for name, training, frames in threads:

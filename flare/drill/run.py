@@ -182,6 +182,11 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
             time.sleep(KILL_WAIT_S)
         else:
             _wait_steps(agents[0], spec.steps_before + spec.steps_after, ranks, spec)
+        if spec.fault == "freeze":
+            # the verdict is what Flare saw while the rank was frozen: the agents stop (and
+            # flush) before the thaw lets it run on and dump its stacks from somewhere new
+            for a in agents:
+                _stop(a.process)
         if fault is not None:
             fault.undo()
         _stop_all(ranks)

@@ -43,6 +43,16 @@ def test_ranks_that_cannot_answer_are_a_group_with_the_reason() -> None:
     assert book.proc_state == {}
 
 
+def test_a_rank_that_cannot_answer_now_is_shown_so_not_by_a_stack_it_sent_before() -> None:
+    book = StackBook()
+    book.observe(beat(0, 100, WAIT))  # dumped while its step was overdue, then it froze
+    book.observe(beat(0, 120, state="blocked"))
+    book.observe(beat(1, 110, WAIT))
+    view = book.merged(since_ns=50, world=2)
+    assert [(g.ranks, bool(g.frames), "cannot answer" in g.note) for g in view] == [
+        ("0", False, True), ("1", True, False)]
+
+
 def test_stacks_from_before_the_hang_began_do_not_describe_it() -> None:
     book = StackBook()
     book.observe(beat(0, 10, LOAD))  # a long checkpoint step, long before
