@@ -27,13 +27,17 @@ _INT = re.compile(r"[+-]?\d{1,30}")
 Ready = Callable[[], tuple[bool, str]]
 
 
-def get_store(request: Request) -> Reader:
+# async: they only read app.state, and a plain function would be run on the thread pool,
+# two more turns of the event loop per request (the worker serves the API from the loop
+# that diagnoses, where a turn can wait behind a pipeline call)
+async def get_store(request: Request) -> Reader:
     store: Reader = request.app.state.store
     return store
 
 
-def get_ready(request: Request) -> Ready | None:
-    return request.app.state.ready
+async def get_ready(request: Request) -> Ready | None:
+    ready: Ready | None = request.app.state.ready
+    return ready
 
 
 StoreDep = Annotated[Reader, Depends(get_store)]

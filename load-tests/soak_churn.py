@@ -11,7 +11,12 @@ under its own job id. The worker first takes a warm-up round of `--jobs` / 10 jo
 they are evicted its memory (VmRSS) is the baseline. Then `--rounds` rounds of `--jobs` jobs
 each, and after each, once every job is evicted: the worker's RSS, the jobs it still holds,
 and the steps decoder's cached ranks. The state must be empty after each round, and the RSS
-after the last round within 5% of the round before (flat, not growing with jobs).
+after the last round within 5% of the round before (flat, not growing with jobs). While a
+round drains, two threads ask `/livez` and `/readyz` every half second and time the
+answers: the probes share the event loop that diagnoses, so a loop held by long calls
+shows as late answers. `/livez` must answer within `--probe-max-s` (default 1 s, an
+orchestrator's default probe timeout: past it, a liveness probe restarts the worker), else
+exit 1; `/readyz` (a query to ClickHouse on a thread: more turns of the loop) is shown.
 Prints a markdown table; exit 1 when a check fails.
 """
 
@@ -19,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -62,10 +69,40 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+class ProbeTimer:
+    """Times a probe's answers from a thread of its own while a round drains."""
+
+    def __init__(self, worker: WorkerProcess, path: str, every_s: float = 0.5) -> None:
+        self.worker, self.path, self.every_s = worker, path, every_s
+        self.answers: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import httpx
+
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self.worker.get(self.path, timeout_s=60.0)
+            except httpx.HTTPError:
+                pass  # a timeout is a minute's wait, counted as such
+            self.answers.append(time.monotonic() - t0)
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> ProbeTimer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def drained(worker: WorkerProcess, records: int) -> None:
     """Until the worker has read `records` in all and holds no job."""
     def done() -> bool:
-        s = worker.stats()
+        s = worker.stats(60.0)  # how late it answers is the probe's figure
         return s["records"] >= records and s["total_lag"] == 0 and s["jobs"] == 0
     wait_for("the worker to read and evict every job", done, 900, 1.0)
 
@@ -77,10 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--idle-s", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--probe-max-s", type=float, default=1.0)
     args = ap.parse_args(argv)
     events = template(args.gpus, args.steps)
     work = Path(tempfile.mkdtemp(prefix="flare-churn-"))
-    rows: list[tuple[str, int, float, dict[str, Any], float]] = []
+    rows: list[tuple[str, int, float, dict[str, Any], float, list[float], list[float]]] = []
     try:
         with start_tansu(free_port(), log_path=work / "tansu.log") as broker:
             ensure_topics(broker.connection, PARTITIONS)
@@ -95,13 +133,14 @@ def main(argv: list[str] | None = None) -> int:
                         (f"round {i}", args.jobs) for i in range(1, args.rounds + 1)]
                     for name, n in rounds:
                         t0 = time.monotonic()
-                        total += publish_round(pub, events, name.replace(" ", ""), n)
-                        drained(w, total)
+                        with ProbeTimer(w, "/livez") as live, ProbeTimer(w, "/readyz") as ready:
+                            total += publish_round(pub, events, name.replace(" ", ""), n)
+                            drained(w, total)
                         s = w.stats()
                         rows.append((name, n, rss_mb(w.process.pid), {
                             "jobs": s["jobs"], "cached_ranks": s["steps_decoder"]["cached_ranks"],
                             "incident_events": s["incident_events"]},
-                            time.monotonic() - t0))
+                            time.monotonic() - t0, live.answers, ready.answers))
             finally:
                 w.stop(60)
     finally:
@@ -111,16 +150,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{machine()}; each job: {args.gpus} GPUs, {args.steps} steps of 0.5 s, "
           f"{len(events)} messages; evicted after {args.idle_s} s of silence\n")
     print("| round | jobs | worker RSS after (MB) | jobs held | decoder cached ranks | "
-          "incident events so far | wall (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, n, rss, s, wall in rows:
+          "incident events so far | wall (s) | /livez: median, slowest (s) | "
+          "/readyz: median, slowest (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, n, rss, s, wall, live_s, ready_s in rows:
         print(f"| {name} | {n} | {rss:.0f} | {s['jobs']} | {s['cached_ranks']} | "
-              f"{s['incident_events']} | {wall:.0f} |")
-    empty = all(s["jobs"] == 0 and s["cached_ranks"] == 0 for *_x, s, _w in rows)
+              f"{s['incident_events']} | {wall:.0f} | {statistics.median(live_s):.3f}, "
+              f"{max(live_s):.2f} | {statistics.median(ready_s):.3f}, {max(ready_s):.2f} |")
+    empty = all(row[3]["jobs"] == 0 and row[3]["cached_ranks"] == 0 for row in rows)
     flat = rows[-1][2] <= rows[-2][2] * 1.05
+    prompt = max(max(row[5]) for row in rows) <= args.probe_max_s
     print(f"\nstate empty after every round: {empty}; RSS after the last round within 5% of "
-          f"the round before: {flat}")
-    return 0 if empty and flat else 1
+          f"the round before: {flat}; every /livez answered within {args.probe_max_s} s: "
+          f"{prompt}")
+    return 0 if empty and flat and prompt else 1
 
 
 if __name__ == "__main__":

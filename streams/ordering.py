@@ -85,17 +85,23 @@ class EventTimeMerger(Generic[T]):
         self.buffered += 1
 
     def partitions_with_items(self) -> set[int]:
-        return {p for p, _j in self._jobs}
+        return {p for (p, _j), job in self._jobs.items() if any(job.queues.values())}
 
-    def release(self, has_more: Callable[[str, int], bool]) -> list[T]:
+    def release(self, has_more: Callable[[str, int], bool], limit: int | None = None) -> list[T]:
         """Items that may go to their diagnosers now, in a valid per-job order.
 
         `has_more(topic, partition)`: whether that topic-partition still has messages we have
-        not received (lag > 0); an empty queue of such a topic makes its job wait.
+        not received (lag > 0); an empty queue of such a topic makes its job wait. `limit`:
+        at most that many, the rest staying in order for the next call. A lagging topic that
+        catches up frees everything held behind it at once (8,600 messages of a thousand
+        jobs in one churn run), and the caller diagnoses what it is given in one go.
         """
         out: list[T] = []
         now = self._now()
+        room = self.buffered if limit is None else limit
         for key in list(self._jobs):
+            if len(out) >= room:
+                break
             partition, _job = key
             job_queues = self._jobs[key]
             queues, since = job_queues.queues, job_queues.waiting_since
@@ -108,6 +114,8 @@ class EventTimeMerger(Generic[T]):
                 heads = [q[0] for q in queues.values() if q]
                 if not heads:
                     del self._jobs[key]
+                    break
+                if len(out) >= room:
                     break
                 if since:
                     waited = now - max(since.values())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -33,6 +33,8 @@ from streams.routing import Decoded, Diagnoser, JobRouter, Routed
 log = logging.getLogger(__name__)
 
 _encode = msgspec.json.Encoder().encode
+
+BATCH_MAX = 2000  # records per pipeline call at most, and stored and acked together
 
 
 class RowSink(Protocol):
@@ -82,11 +84,18 @@ class BatchResult:
     finished: list[Any] = field(default_factory=list)
     incidents: list[IncidentV1] = field(default_factory=list)  # the states in `outgoing`
 
+    def extend(self, other: BatchResult) -> None:
+        """Add a later call's result (one batch handled in several calls)."""
+        self.outgoing += other.outgoing
+        self.held += other.held
+        self.finished += other.finished
+        self.incidents += other.incidents
+
 
 @dataclass(slots=True)
 class PipelineStats:
     records: int = 0
-    batches: int = 0  # calls of on_records (records / batches: how much each fetch brought)
+    batches: int = 0  # calls of on_records (the worker sizes them to a turn of its loop)
     skipped_not_assigned: int = 0
     skipped_redelivered: int = 0
     incidents: int = 0
@@ -102,8 +111,12 @@ class Pipeline:
     def __init__(self, router: JobRouter, sink: RowSink, progress: Progress,
                  merger: EventTimeMerger[tuple[Decoded, Record]] | None = None,
                  metrics: WorkerMetrics | None = None,
-                 perf_s: SecondsClock = time.perf_counter) -> None:
+                 perf_s: SecondsClock = time.perf_counter,
+                 release_max: int | None = None) -> None:
         self.router = router
+        # records the merge hands over per call, at most (None: all it may); the worker
+        # sets it to what one turn of its loop can take
+        self.release_max = release_max
         self.sink = sink
         self.progress = progress
         self.metrics = metrics if metrics is not None else WorkerMetrics(time.time_ns)
@@ -159,7 +172,17 @@ class Pipeline:
         return result
 
     def _release(self) -> list[tuple[Decoded, Record]]:
-        return self.merger.release(self._has_more)
+        return self.merger.release(self._has_more, self.release_max)
+
+    def on_held(self) -> BatchResult:
+        """Dispatch what the merge may release now, at most `release_max` records (one call's
+        worth): a caller loops until it finishes nothing, handing its event loop back in
+        between, so a topic that catches up never holds the loop for all it frees at once."""
+        result = BatchResult()
+        for d, r in self._release():
+            result.finished.append(r.ref)
+            self._dispatch(d, r, result)
+        return result
 
     def _dispatch(self, d: Decoded, r: Record, result: BatchResult) -> None:
         self.metrics.event_time(d.topic, d.time_ns)
@@ -216,15 +239,23 @@ class Pipeline:
     # ---- time and ownership ---------------------------------------------------------------
     def on_tick(self) -> BatchResult:
         """Release what the merge held, then let time pass for caught-up partitions
-        (grace periods, hang timeouts, idle jobs)."""
+        (grace periods, hang timeouts, idle jobs): `ticks`, all at once."""
         result = BatchResult()
-        for d, r in self._release():
-            result.finished.append(r.ref)
-            self._dispatch(d, r, result)
+        for part in self.ticks():
+            result.extend(part)
+        return result
+
+    def ticks(self) -> Iterator[BatchResult]:
+        """`on_tick` a piece at a time: first what the merge releases (at most
+        `release_max`), then one job's tick per item, so the caller can hand its loop back
+        in between (with a thousand jobs in flight a tick took 0.6 s)."""
+        yield self.on_held()
         held = self.merger.partitions_with_items()
         quiet = [p for p in self.progress.caught_up_partitions() if p not in held]
-        self._emit(self.router.tick(quiet), result)
-        return result
+        for out in self.router.tick_each(quiet):
+            result = BatchResult()
+            self._emit(out, result)
+            yield result
 
     def on_revoked(self, tps: Iterable[tuple[str, int]]) -> None:
         """A rebalance starts: forget what the merge still holds (those records were never

@@ -19,7 +19,7 @@ stall is never mistaken for silence.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -224,35 +224,51 @@ class JobRouter:
 
     # ---- time -----------------------------------------------------------------------------
     def tick(self, caught_up: Iterable[int]) -> DiagnoserOutput:
-        """Let time pass for the jobs of partitions with nothing left to read.
+        """Let time pass for the jobs of partitions with nothing left to read (`tick_each`,
+        all at once)."""
+        out = DiagnoserOutput()
+        for one in self.tick_each(caught_up):
+            out.extend(one)
+        return out
+
+    def tick_each(self, caught_up: Iterable[int]) -> Iterator[DiagnoserOutput]:
+        """Let time pass for the jobs of partitions with nothing left to read, one job per
+        item: a worker with a thousand jobs in flight hands its loop back between them.
 
         A job's stream clock moves on by the worker time elapsed since its last message, so
         grace periods and hang timeouts fire when a job goes quiet. Jobs silent for longer
-        than `idle_evict_s` are flushed and dropped.
+        than `idle_evict_s` are flushed and dropped. Between items the caller may do other
+        work: a job that is gone by then (its partition revoked) is skipped.
         """
         now = self._now_ns()
-        out = DiagnoserOutput()
-        for p in caught_up:
+        for p in list(caught_up):
             jobs = self._jobs.get(p)
             if not jobs:
                 continue
             for job, state in list(jobs.items()):
-                idle = now - state.arrival_ns
-                stream_now = state.stream_ns + max(0, idle)
-                try:
-                    # an ended job still ticks: its end is final after a grace, and its
-                    # diagnoser knows that a job that ended is silent, not hung
-                    if stream_now > state.ticked_ns:
-                        state.ticked_ns = stream_now
-                        out.extend(state.diagnoser.tick(stream_now))
-                    if idle > self._idle_ns:
-                        out.extend(state.diagnoser.flush())
-                        del jobs[job]
-                        self.steps_decoder.forget(job)
-                except Exception:
-                    log.exception("diagnoser of job %s failed on tick; dropping its state", job)
-                    del jobs[job]
-                    self.steps_decoder.forget(job)
+                if self._jobs.get(p) is not jobs or jobs.get(job) is not state:
+                    continue  # revoked or evicted while the caller was away
+                yield self._tick_job(jobs, job, state, now)
+
+    def _tick_job(self, jobs: dict[str, _JobState], job: str, state: _JobState,
+                  now: int) -> DiagnoserOutput:
+        out = DiagnoserOutput()
+        idle = now - state.arrival_ns
+        stream_now = state.stream_ns + max(0, idle)
+        try:
+            # an ended job still ticks: its end is final after a grace, and its diagnoser
+            # knows that a job that ended is silent, not hung
+            if stream_now > state.ticked_ns:
+                state.ticked_ns = stream_now
+                out.extend(state.diagnoser.tick(stream_now))
+            if idle > self._idle_ns:
+                out.extend(state.diagnoser.flush())
+                del jobs[job]
+                self.steps_decoder.forget(job)
+        except Exception:
+            log.exception("diagnoser of job %s failed on tick; dropping its state", job)
+            del jobs[job]
+            self.steps_decoder.forget(job)
         return out
 
     # ---- ownership ------------------------------------------------------------------------

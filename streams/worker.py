@@ -8,6 +8,8 @@ that come from measured failure modes (DESIGN §6):
   committed offset never has rows still in memory;
 - everything in a batch's handling is caught (an exception there must not stop the
   consumer) and a watchdog on the age of the last processed offset fails `/readyz`;
+- the loop is handed back about every 25 ms of work (`pacing.py`): the API and the probes
+  are served from it;
 - detector state is plain objects per partition, not faust tables (no changelog topics);
 - short session timeout (tansu joins a group in about half of it);
 - the API, when served here, runs on the worker's own loop (`faust.contrib.asgi`), because
@@ -19,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +31,14 @@ from schemas.kafka import KafkaConnection
 from schemas.topics import DEADLETTER, INCIDENTS, INPUT_TOPICS
 from schemas.wire import IncidentV1
 from streams.alerts import Notifier
-from streams.pipeline import BatchResult, Outgoing, Pipeline, Record
+from streams.pacing import TurnBudget
+from streams.pipeline import BATCH_MAX, BatchResult, Outgoing, Pipeline, Record
 from streams.rebuild import rebuild_partitions
 
 log = logging.getLogger(__name__)
 
-BATCH_MAX = 2000  # records per pipeline call: one sink flush (a few inserts) per call
 TICK_S = 1.0  # how often time passes for quiet jobs and lag is sampled
+TURN_S = 0.025  # work per turn of the event loop, about (`pacing.py`)
 STATS_EVERY_S = 30.0
 RETRY_S = 1.0  # back-off while ClickHouse refuses writes (the batch stays un-acked)
 
@@ -189,23 +193,57 @@ def build_app(
         if result.incidents:
             to_alert(result.incidents)
 
+    budget = TurnBudget(TURN_S, BATCH_MAX)
+    clock = time.perf_counter
+
+    def call(work: Callable[[], BatchResult], records: int) -> BatchResult | None:
+        """One pipeline call, timed into the budget; None if it raised (logged: a bug here
+        must not stop the consumer)."""
+        t0 = clock()
+        try:
+            part = work()
+        except Exception:
+            log.exception("failed to process %d records", records)
+            return None
+        budget.took(records + len(part.finished), clock() - t0)
+        return part
+
+    async def release_held() -> None:
+        """What the event-time merge may release now, a turn's worth per call, stored and
+        acked together."""
+        result = BatchResult()
+        while True:
+            pipeline.release_max = budget.records()
+            part = call(pipeline.on_held, 0)
+            if part is None or not part.finished:
+                break
+            result.extend(part)
+            await asyncio.sleep(0)
+        if result.finished:
+            await finish(result)
+
     async def diagnose(messages: list[Any]) -> None:
-        """One fetched batch, in pipeline calls of at most BATCH_MAX records. A record the
-        event-time merge holds stays un-acked until a later call processes it."""
+        """One fetched batch: stored and acked BATCH_MAX records at a time, diagnosed in
+        pipeline calls sized to a turn of the loop (`pacing.py`), with the loop handed back
+        after each. A record the event-time merge holds stays un-acked until a later call
+        processes it."""
         for i in range(0, len(messages), BATCH_MAX):
             chunk = messages[i:i + BATCH_MAX]
             result = BatchResult()
-            done = chunk
-            try:
-                sample_highwaters()
-                result = pipeline.on_records([
-                    Record(m.topic, m.partition, m.offset, m.key, m.value, m) for m in chunk])
-                if result.held:
-                    held = {id(m) for m in result.held}
-                    done = [m for m in chunk if id(m) not in held]
-            except Exception:  # a bug here must not stop the consumer: log, keep consuming
-                log.exception("failed to process a batch of %d records", len(chunk))
-            await finish(result, done)
+            sample_highwaters()
+            j = 0
+            while j < len(chunk):
+                n = pipeline.release_max = budget.records()
+                records = [Record(m.topic, m.partition, m.offset, m.key, m.value, m)
+                           for m in chunk[j:j + n]]
+                j += n
+                part = call(partial(pipeline.on_records, records), len(records))
+                if part is not None:
+                    result.extend(part)
+                await asyncio.sleep(0)
+            held = {id(m) for m in result.held}
+            await finish(result, [m for m in chunk if id(m) not in held] if held else chunk)
+        await release_held()
 
     # The input topics are subscribed through the conductor like an agent's; the consumer
     # hands their records to `diagnose` in whole fetched batches (no agent, no stream).
@@ -219,7 +257,16 @@ def build_app(
     async def tick() -> None:
         try:
             sample_highwaters()
-            await finish(pipeline.on_tick())
+            result = BatchResult()
+            pipeline.release_max = budget.records()
+            turn = clock()
+            for part in pipeline.ticks():  # one job at a time
+                result.extend(part)
+                if budget.spent(turn, clock()):
+                    await asyncio.sleep(0)
+                    turn = clock()
+            await finish(result)
+            await release_held()
             if time.monotonic() - last_stats[0] >= STATS_EVERY_S:
                 last_stats[0] = time.monotonic()
                 log.info("flare worker: %s", pipeline.snapshot())

@@ -22,7 +22,7 @@ from storage.adhoc import READS, ReadOnlySQL, SQLRefused
 router = APIRouter(prefix="/sql", tags=["sql"])
 
 
-def get_sql(request: Request) -> ReadOnlySQL:
+async def get_sql(request: Request) -> ReadOnlySQL:  # app.state only: no thread (deps.py)
     sql: ReadOnlySQL | None = getattr(request.app.state, "sql", None)
     if sql is None:
         raise ProblemError(404, "this API runs no SQL: it was started without a ClickHouse "

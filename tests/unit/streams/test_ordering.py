@@ -113,6 +113,19 @@ def test_waiting_is_bounded_in_time_and_space() -> None:
     assert m.buffered == 3
 
 
+def test_a_release_hands_over_at_most_its_limit_and_the_rest_follows_in_order() -> None:
+    m: EventTimeMerger[str] = EventTimeMerger(TOPICS, FakeClock().seconds)
+    for job in ("a", "b"):
+        for t in (30, 10, 20):
+            m.push(0, job, "steps", t, f"{job}{t}")
+        m.push(0, job, "heartbeats", 15, f"{job}-hb")
+    assert m.release(nothing_more, limit=3) == ["a-hb", "a30", "a10"]  # a merge of heads
+    assert m.buffered == 5
+    assert m.release(nothing_more, limit=3) == ["a20", "b-hb", "b30"]
+    assert m.release(nothing_more) == ["b10", "b20"]
+    assert m.buffered == 0 and m.release(nothing_more, limit=3) == []
+
+
 def test_jobs_do_not_block_each_other() -> None:
     m: EventTimeMerger[str] = EventTimeMerger(TOPICS, FakeClock().seconds)
     m.push(0, "a", "steps", 100, "a-step")

@@ -23,12 +23,24 @@ from schemas.testing import FakeClock
 from schemas.topics import DEADLETTER, HEARTBEATS, INCIDENTS, INPUT_TOPICS, JOBS, STEPS
 from schemas.wire import DeadLetterV1, IncidentV1
 from storage.testing import MemoryStore
-from streams.pipeline import Pipeline, Record, build_pipeline
+from streams.ordering import EventTimeMerger
+from streams.pipeline import BATCH_MAX, Pipeline, Record, build_pipeline
 
 
 def make_pipeline(sink: MemoryStore, clock: FakeClock) -> Pipeline:
     return build_pipeline(sink, lambda job: JobDiagnoser(job), max_message_bytes=1 << 20,
                           stall_after_s=30.0, job_idle_s=3600.0, now_s=clock.seconds)
+
+
+class CountingMerger(EventTimeMerger[Any]):
+    """The pipeline's merge, counting the most records one release handed over."""
+
+    most = 0
+
+    def release(self, has_more: Any, limit: int | None = None) -> list[Any]:
+        out = super().release(has_more, limit)
+        self.most = max(self.most, len(out))
+        return out
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +84,18 @@ def final_states(messages: list[bytes]) -> dict[str, IncidentV1]:
     return out
 
 
+@pytest.mark.parametrize("release_max", [BATCH_MAX, 40])
 def test_worker_incidents_equal_offline_diagnosis_whatever_the_interleaving(
-        recording: list[tuple[str, str, bytes]]) -> None:
+        recording: list[tuple[str, str, bytes]], release_max: int) -> None:
+    """With the worker's bound on what one call releases, too: what a call leaves held is
+    released by the calls after it (`on_held`, as the worker loops), in the same order."""
     offline = diagnose_messages((t, raw) for t, _k, raw in recording)
     assert offline.incidents, "the scenario must produce an incident to compare"
 
     sink, clock = MemoryStore(), FakeClock()
     pipe = make_pipeline(sink, clock)
+    pipe.release_max = release_max
+    pipe.merger = merger = CountingMerger(pipe.merger.topics, clock.seconds)
     per_topic = as_records(recording)
     pipe.on_assigned([(t, 0) for t in INPUT_TOPICS])
     for t, recs in per_topic.items():  # what fetch responses tell: the high watermarks
@@ -91,6 +108,9 @@ def test_worker_incidents_equal_offline_diagnosis_whatever_the_interleaving(
         held |= set(result.held)
         held -= set(result.finished)
         published += [o.value for o in result.outgoing if o.topic == INCIDENTS]
+        while (more := pipe.on_held()).finished:
+            held -= set(more.finished)
+            published += [o.value for o in more.outgoing if o.topic == INCIDENTS]
     for _ in range(2):  # the first releases what the merge held (the job's end among it);
         tail = pipe.on_tick()  # a minute later, that end is final (its grace is over)
         published += [o.value for o in tail.outgoing if o.topic == INCIDENTS]
@@ -103,6 +123,9 @@ def test_worker_incidents_equal_offline_diagnosis_whatever_the_interleaving(
     stored = {i.id: i for i in sink.stored if isinstance(i, IncidentV1)}
     assert stored == offline.incidents
     assert pipe.merger.forced == 0
+    assert merger.most <= release_max
+    if release_max < BATCH_MAX:
+        assert merger.most == release_max, "the interleaving must make a call hit the bound"
 
 
 def test_dead_letters_are_stored_and_published_keyed_by_job() -> None:

@@ -175,6 +175,23 @@ def test_an_ended_job_keeps_ticking_and_idle_jobs_are_flushed_and_dropped(
     assert r.jobs() == []
 
 
+def test_jobs_tick_one_at_a_time_and_one_revoked_in_between_is_skipped(
+        made: dict[str, Any]) -> None:
+    """The worker hands its loop back between jobs' ticks; a rebalance may come then."""
+    now = clock()
+    r = JobRouter(lambda job: made.setdefault(job, _fake()), max_message_bytes=10_000,
+                  now_ns=now, idle_evict_s=60.0)
+    for p, job in ((0, "a"), (0, "b"), (1, "c")):
+        r.handle(STEPS, p, 0, job.encode(), step_msg(job))
+    now.advance_ns(3 * S)
+    each = r.tick_each([0, 1])
+    next(each)
+    assert [made[j].tick.call_count for j in "abc"] == [1, 0, 0]
+    r.revoke([1])
+    assert len(list(each)) == 1  # b's tick; c's partition is gone
+    assert [made[j].tick.call_count for j in "abc"] == [1, 1, 0]
+
+
 def test_revoke_drops_only_the_revoked_partitions(router: JobRouter) -> None:
     router.handle(STEPS, 0, 0, b"j1", step_msg("j1"))
     router.handle(STEPS, 1, 0, b"j2", step_msg("j2"))
