@@ -242,8 +242,8 @@ def lag_table(samples: list[Sample], wl: Workload, ts: dict[str, np.ndarray],
     """Lag per sample, ours (acknowledged - taken) and the worker's own, and its trend."""
     print("\n| wall s | step msgs published | taken | lag, msgs | worker's own lag, msgs "
           "| lag, simulated s | steps published - stored | worker cores | tansu cores | "
-          "tansu RSS, MB |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "worker RSS, MB | tansu RSS, MB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lags, times, published = [], [], []
     prev: Sample | None = None
     for s in samples:
@@ -260,8 +260,9 @@ def lag_table(samples: list[Sample], wl: Workload, ts: dict[str, np.ndarray],
         published.append(sum(s.delivered.values()))
         print(f"| {s.t:.0f} | {pub_n:,} | {took:,} | {lag_msgs:,} | {s.worker_lag:,} | "
               f"{lag_s:.1f} | {behind} | {cores:.2f} | {broker:.2f} | "
-              f"{s.rss.get('tansu', 0):,.0f} |")
+              f"{s.rss.get('worker', 0):,.0f} | {s.rss.get('tansu', 0):,.0f} |")
     t, lag = np.array(times), np.array(lags)
+    rss = np.array([s.rss.get("worker", 0.0) for s in samples])
     # only while events were still being published: the drain after the end is no test
     done = t[int(np.argmax(np.array(published) >= published[-1]))]
     steady = (t >= min(60.0, done / 4)) & (t <= done)
@@ -273,3 +274,14 @@ def lag_table(samples: list[Sample], wl: Workload, ts: dict[str, np.ndarray],
               f"{slope * 60:+.2f} simulated s per minute ({grew:+.1f} s; max "
               f"{lag[steady].max():.1f} s): **{verdict}** (flat: it grows by less than one step). "
               f"Drained {t[-1] - done:.0f} s after the last message was published.")
+    # memory once the first minutes have filled the caches (the decoder's, the engine's)
+    settled = (t >= min(300.0, done / 3)) & (t <= done) & (rss > 0)
+    if settled.sum() >= 3:
+        mb_per_s = float(np.polyfit(t[settled], rss[settled], 1)[0])
+        first, span = float(rss[settled][0]), float(t[settled][-1] - t[settled][0])
+        grew_mb = mb_per_s * span
+        verdict = "flat" if grew_mb < 0.05 * first else "GROWS"
+        print(f"\nWorker RSS trend from t={t[settled][0]:.0f} s to the end of publishing: "
+              f"{mb_per_s * 60:+.2f} MB per minute ({grew_mb:+.0f} MB over {span / 60:.0f} "
+              f"min, from {first:,.0f} MB; max {rss[settled].max():,.0f} MB): **{verdict}** "
+              "(flat: it grows by less than 5%).")
