@@ -111,12 +111,8 @@ class Pipeline:
     def __init__(self, router: JobRouter, sink: RowSink, progress: Progress,
                  merger: EventTimeMerger[tuple[Decoded, Record]] | None = None,
                  metrics: WorkerMetrics | None = None,
-                 perf_s: SecondsClock = time.perf_counter,
-                 release_max: int | None = None) -> None:
+                 perf_s: SecondsClock = time.perf_counter) -> None:
         self.router = router
-        # records the merge hands over per call, at most (None: all it may); the worker
-        # sets it to what one turn of its loop can take
-        self.release_max = release_max
         self.sink = sink
         self.progress = progress
         self.metrics = metrics if metrics is not None else WorkerMetrics(time.time_ns)
@@ -134,8 +130,13 @@ class Pipeline:
         return self.progress.lag((topic, partition)) > 0
 
     # ---- records --------------------------------------------------------------------------
-    def on_records(self, records: Iterable[Record]) -> BatchResult:
-        """Route a batch. Call `flush()` before acking the batch and `result.finished`."""
+    def on_records(self, records: Iterable[Record], limit: int | None = None) -> BatchResult:
+        """Route a batch. Call `flush()` before acking the batch and `result.finished`.
+
+        The event-time merge hands over at most `limit` records (None: all it may): the
+        worker passes what one turn of its loop can take and releases the rest with
+        `on_held`.
+        """
         result = BatchResult()
         records = list(records)
         self.stats.batches += 1
@@ -161,7 +162,7 @@ class Pipeline:
                 batch.add(id(r))
             else:
                 self._dispatch(d, r, result)  # a heartbeat: no order to keep
-        for d, r in self._release():
+        for d, r in self._release(limit):
             if id(r) in batch:
                 batch.discard(id(r))
             else:
@@ -171,15 +172,15 @@ class Pipeline:
             result.held = [r.ref for r in records if id(r) in batch]
         return result
 
-    def _release(self) -> list[tuple[Decoded, Record]]:
-        return self.merger.release(self._has_more, self.release_max)
+    def _release(self, limit: int | None) -> list[tuple[Decoded, Record]]:
+        return self.merger.release(self._has_more, limit)
 
-    def on_held(self) -> BatchResult:
-        """Dispatch what the merge may release now, at most `release_max` records (one call's
+    def on_held(self, limit: int | None = None) -> BatchResult:
+        """Dispatch what the merge may release now, at most `limit` records (one call's
         worth): a caller loops until it finishes nothing, handing its event loop back in
         between, so a topic that catches up never holds the loop for all it frees at once."""
         result = BatchResult()
-        for d, r in self._release():
+        for d, r in self._release(limit):
             result.finished.append(r.ref)
             self._dispatch(d, r, result)
         return result
@@ -237,19 +238,12 @@ class Pipeline:
         return len(replayed)
 
     # ---- time and ownership ---------------------------------------------------------------
-    def on_tick(self) -> BatchResult:
-        """Release what the merge held, then let time pass for caught-up partitions
-        (grace periods, hang timeouts, idle jobs): `ticks`, all at once."""
-        result = BatchResult()
-        for part in self.ticks():
-            result.extend(part)
-        return result
-
-    def ticks(self) -> Iterator[BatchResult]:
-        """`on_tick` a piece at a time: first what the merge releases (at most
-        `release_max`), then one job's tick per item, so the caller can hand its loop back
-        in between (with a thousand jobs in flight a tick took 0.6 s)."""
-        yield self.on_held()
+    def ticks(self, limit: int | None = None) -> Iterator[BatchResult]:
+        """Release what the merge held (at most `limit` records), then let time pass for
+        caught-up partitions (grace periods, hang timeouts, idle jobs), one job per item, so
+        the caller can hand its loop back in between (with a thousand jobs in flight a tick
+        took 0.6 s)."""
+        yield self.on_held(limit)
         held = self.merger.partitions_with_items()
         quiet = [p for p in self.progress.caught_up_partitions() if p not in held]
         for out in self.router.tick_each(quiet):

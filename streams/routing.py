@@ -223,14 +223,6 @@ class JobRouter:
         return state
 
     # ---- time -----------------------------------------------------------------------------
-    def tick(self, caught_up: Iterable[int]) -> DiagnoserOutput:
-        """Let time pass for the jobs of partitions with nothing left to read (`tick_each`,
-        all at once)."""
-        out = DiagnoserOutput()
-        for one in self.tick_each(caught_up):
-            out.extend(one)
-        return out
-
     def tick_each(self, caught_up: Iterable[int]) -> Iterator[DiagnoserOutput]:
         """Let time pass for the jobs of partitions with nothing left to read, one job per
         item: a worker with a thousand jobs in flight hands its loop back between them.

@@ -213,8 +213,7 @@ def build_app(
         acked together."""
         result = BatchResult()
         while True:
-            pipeline.release_max = budget.records()
-            part = call(pipeline.on_held, 0)
+            part = call(partial(pipeline.on_held, budget.records()), 0)
             if part is None or not part.finished:
                 break
             result.extend(part)
@@ -233,11 +232,11 @@ def build_app(
             sample_highwaters()
             j = 0
             while j < len(chunk):
-                n = pipeline.release_max = budget.records()
+                n = budget.records()
                 records = [Record(m.topic, m.partition, m.offset, m.key, m.value, m)
                            for m in chunk[j:j + n]]
                 j += n
-                part = call(partial(pipeline.on_records, records), len(records))
+                part = call(partial(pipeline.on_records, records, n), len(records))
                 if part is not None:
                     result.extend(part)
                 await asyncio.sleep(0)
@@ -258,9 +257,8 @@ def build_app(
         try:
             sample_highwaters()
             result = BatchResult()
-            pipeline.release_max = budget.records()
             turn = clock()
-            for part in pipeline.ticks():  # one job at a time
+            for part in pipeline.ticks(budget.records()):  # one job at a time
                 result.extend(part)
                 if budget.spent(turn, clock()):
                     await asyncio.sleep(0)

@@ -718,7 +718,7 @@ def run_pipeline(stream: list[tuple[str, bytes | None, bytes | None]], max_bytes
         outgoing += pipe.on_records(records[i:i + batch]).outgoing
         assert pipe.flush()
     for _ in range(2):
-        outgoing += pipe.on_tick().outgoing
+        outgoing += [o for part in pipe.ticks() for o in part.outgoing]
         assert pipe.flush()
         clock.advance(60)
     for o in outgoing:

@@ -48,7 +48,7 @@ def test_the_page_counts_what_the_worker_read_found_and_could_not_use() -> None:
            Record(HEARTBEATS, 0, len(records) + 1, None, b"nope")]
     pipe.progress.set_highwater(STEPS, 0, len(records) + 10)  # ten more than read
     pipe.on_records(records + bad)
-    pipe.on_tick()
+    list(pipe.ticks())
     assert pipe.flush()
     text = pipe.metrics_text()
 

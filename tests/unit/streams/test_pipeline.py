@@ -94,7 +94,6 @@ def test_worker_incidents_equal_offline_diagnosis_whatever_the_interleaving(
 
     sink, clock = MemoryStore(), FakeClock()
     pipe = make_pipeline(sink, clock)
-    pipe.release_max = release_max
     pipe.merger = merger = CountingMerger(pipe.merger.topics, clock.seconds)
     per_topic = as_records(recording)
     pipe.on_assigned([(t, 0) for t in INPUT_TOPICS])
@@ -103,18 +102,22 @@ def test_worker_incidents_equal_offline_diagnosis_whatever_the_interleaving(
     published: list[bytes] = []
     held: set[Any] = set()
     for batch in interleaved(per_topic, {JOBS: 10, HEARTBEATS: 700, STEPS: 300}):
-        result = pipe.on_records(batch)
+        result = pipe.on_records(batch, release_max)
         assert pipe.flush()
         held |= set(result.held)
         held -= set(result.finished)
         published += [o.value for o in result.outgoing if o.topic == INCIDENTS]
-        while (more := pipe.on_held()).finished:
+        while (more := pipe.on_held(release_max)).finished:
             held -= set(more.finished)
             published += [o.value for o in more.outgoing if o.topic == INCIDENTS]
     for _ in range(2):  # the first releases what the merge held (the job's end among it);
-        tail = pipe.on_tick()  # a minute later, that end is final (its grace is over)
-        published += [o.value for o in tail.outgoing if o.topic == INCIDENTS]
-        held -= set(tail.finished)
+        # a minute later, that end is final (its grace is over)
+        for tail in pipe.ticks(release_max):
+            published += [o.value for o in tail.outgoing if o.topic == INCIDENTS]
+            held -= set(tail.finished)
+        while (more := pipe.on_held(release_max)).finished:
+            held -= set(more.finished)
+            published += [o.value for o in more.outgoing if o.topic == INCIDENTS]
         clock.advance(60)
     assert pipe.flush()
 
@@ -182,10 +185,12 @@ def run_live(pipe: Pipeline, batches: list[list[Record]], clock: FakeClock | Non
         result = pipe.on_records(batch)
         assert pipe.flush()
         published += [o.value for o in result.outgoing if o.topic == INCIDENTS]
-    published += [o.value for o in pipe.on_tick().outgoing if o.topic == INCIDENTS]
+    published += [o.value for part in pipe.ticks() for o in part.outgoing
+                  if o.topic == INCIDENTS]
     if clock is not None:
         clock.advance(60)
-        published += [o.value for o in pipe.on_tick().outgoing if o.topic == INCIDENTS]
+        published += [o.value for part in pipe.ticks() for o in part.outgoing
+                      if o.topic == INCIDENTS]
     return published
 
 
