@@ -327,7 +327,8 @@ class JobDiagnoser(Stateful):
         if shift is not None and shift.opened_step < frame.step and self._job_before_s > 0:
             # a job-wide shift costs the GPU-time above the baseline it left, while open
             shift.add_cost(step_time / self._job_before_s, step_time, self.world)
-        for inc in self.book.quiet_step(touched, frame.step):
+        for inc in self.book.quiet_step(touched | self._still_seen(cands, touched),
+                                        frame.step):
             out.incidents.append(inc.to_v1(self.job))
         if irr.level_shift and irr.shift_ratio > 1.0:  # a job that got faster is no problem
             out.incidents.extend(self._job_shift(frame, ts, irr.shift_ratio, step_time))
@@ -381,6 +382,25 @@ class JobDiagnoser(Stateful):
                         self.topology.group_size, self.topology.switch_of, self.usual)
         inc.priced_step, inc.priced_slowdown = frame.step, cost.slowdown
         inc.add_evidence(frame.step, cost.slowdown, cost.actual_s, self.world)
+
+    def _still_seen(self, cands: Candidates, touched: set[tuple[str, str]]
+                    ) -> set[tuple[str, str]]:
+        """Open device incidents without evidence this step whose fault still shows, reported
+        from an entity inside or around their own (a throttled rank's CPU-starved host, the
+        rank of a slow node): not evidence to add, but no sign the fault ended either.
+
+        A rank throttled to a tenth of a CPU, its stage's only traced peer beside it, read
+        first as a slow GPU, then, as its peer's mirrored residual widened the noise, only as
+        its node's host stalling every few steps: the rank's incident resolved and the host's
+        opened, two pages for one fault (a drill with one rank per node traced)."""
+        out: set[tuple[str, str]] = set()
+        for key in self.book.open:
+            if key in touched or key[0] in ("hang", "job"):
+                continue
+            if any(covering(c, (key,), self.placement) is not None
+                   for c in zip(cands.kind, cands.entity, strict=True)):
+                out.add(key)
+        return out
 
     def _spread(self, tr: Track) -> tuple[str, str] | None:
         """The open network incident `tr` is the spread of (`reconcile.spread_of`)."""

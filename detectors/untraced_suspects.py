@@ -242,10 +242,13 @@ def untraced_suspects(
     # A group inside a node is judged against its peers AND its own usual level (the smaller
     # z). A group across nodes is placed only on the node that holds every untraced rank; a
     # slow rank there delays its whole replica, so every such group of its stage waits alike
-    # and the peer comparison is blind: its own usual level alone judges it.
-    z = np.where(local, np.minimum(z_peer, z_own), z_own)
+    # and the peer comparison is blind: its own usual level alone judges it. So does it a
+    # group inside a node with too few peers on its stage (a small job: two nodes a stage).
+    vs_peers = local & enough
+    z = np.where(vs_peers, np.minimum(z_peer, z_own), z_own)
     upstream = _downstream(frame, stages, noise)[g_rank]
     z = np.where(upstream, 0.0, z)
+    z = _where_it_starts(z, local & ~enough)
     z_stall = _stall_z(feats, g_wait, ref, z_peer, z_total, noise)
     z_stall = np.where(local & ~upstream & (z < Z_REPORT), z_stall, 0.0)
     z_stall = _stall_origins(frame, [all_names[i] for i in sel], g_rank, z_stall, history, out)
@@ -273,8 +276,8 @@ def untraced_suspects(
         )
     for node, i in _strongest(z, place, whole).items():
         g = int(g_id[i])
-        ratio = np.exp(x[i] if local[i] else own[i])
-        vs = "its stage peers" if local[i] else "its usual wait"
+        ratio = np.exp(x[i] if vs_peers[i] else own[i])
+        vs = "its stage peers" if vs_peers[i] else "its usual wait"
         out.add(
             f"node:{node}",
             "gpu",
@@ -284,6 +287,23 @@ def untraced_suspects(
             f"{int(frame.rank[g_rank[i]])} included) on {int(untraced[i])} member(s) that are "
             "not traced",
         )
+
+
+def _where_it_starts(z: np.ndarray, lone: np.ndarray) -> np.ndarray:
+    """`z` kept, of the `lone` groups (judged by their own usual wait alone), only on the
+    one that rose most.
+
+    A slow untraced GPU holds its own group at every collective, and its data-parallel
+    peers' groups once per step, through the peers it made late: in a job too small for
+    stage peers every one of those rises against its own usual wait, the first by most.
+
+    >>> _where_it_starts(np.array([5.0, 9.0, 3.0, 7.0]), np.array([True, True, False, True]))
+    array([0., 9., 3., 0.])
+    """
+    if int(lone.sum()) < 2:
+        return z
+    keep = np.flatnonzero(lone)[int(np.argmax(z[lone]))]
+    return np.where(lone & (np.arange(z.size) != keep), 0.0, z)
 
 
 def _strongest(z: np.ndarray, place: list[str | None], skip: set[str]) -> dict[str, int]:

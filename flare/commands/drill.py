@@ -27,6 +27,10 @@ def register(app: typer.Typer) -> None:
         repeat: int = typer.Option(1, min=1, help="drills to run, with seeds seed, seed+1, ..."),
         cpus: float = typer.Option(0.1, help="slow-rank: its CPU quota, in CPUs"),
         mbit: float = typer.Option(20.0, help="nic: the rate its NIC is held to, Mbit/s"),
+        traced: str = typer.Option(
+            "all", help="ranks that run the hook: all | tp0 (each node's first rank, one per "
+                        "tensor-parallel group) | half (rank 0 and a random half, by --seed); "
+                        "a fault on an untraced rank is named right by its node"),
         workdir: Path = typer.Option(Path("drill-runs"), help="logs and recordings go here"),
         as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
     ) -> None:
@@ -43,7 +47,7 @@ def register(app: typer.Typer) -> None:
         try:
             spec = DrillSpec(fault=fault, ranks=ranks, nodes=nodes, pp=pp,
                              steps_before=steps_before, steps_after=steps_after, seed=seed,
-                             cpus=cpus, mbit=mbit, workdir=workdir)
+                             cpus=cpus, mbit=mbit, traced=traced, workdir=workdir)
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
@@ -76,7 +80,7 @@ def _show(res: DrillResult, as_json: bool) -> None:
         typer.echo(msgspec.json.encode({
             "passed": res.passed,
             "truth": {"fault": t.fault, "kind": t.kind, "culprit": t.culprit,
-                      "onset_step": t.onset_step},
+                      "onset_step": t.onset_step, "untraced_node": t.untraced_node},
             "found": res.found,
             "latency_steps": res.latency_steps,
             "false_device_incidents": res.false_device,
@@ -88,8 +92,10 @@ def _show(res: DrillResult, as_json: bool) -> None:
             "messages_received": res.received,
         }).decode())
         return
-    typer.echo(f"truth: {t.fault} on {t.culprit or '-'} (expect {t.kind or 'nothing'}) "
-               f"from step {t.onset_step if t.onset_step is not None else '-'}")
+    untraced = f", not traced: its node {t.untraced_node} names it" if t.untraced_node else ""
+    typer.echo(f"truth: {t.fault} on {t.culprit or '-'}{untraced} (expect "
+               f"{t.kind or 'nothing'}) from step "
+               f"{t.onset_step if t.onset_step is not None else '-'}")
     typer.echo(f"broker: {res.received} of the {res.sent} messages the agents sent")
     for i in sorted(res.incidents, key=lambda i: (i.opened_step, i.id)):
         mark = "*" if i is res.found else ("!" if i in res.false_device else " ")

@@ -24,7 +24,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +44,9 @@ from flare.drill.testbed import Host, Testbed
 from schemas.wire import IncidentV1
 
 FAULTS = ("none", "slow-rank", "nic", "flapping-nic", "freeze", "kill")
+# which ranks run the hook: every one, one per tensor-parallel group (a node's first, as
+# production tracers often record only TP rank 0), or rank 0 and a seeded random half
+TRACED = ("all", "tp0", "half")
 ROOTLESS_FAULTS = ("none", "freeze", "kill")
 # what a correct diagnosis of each fault reports: (incident kind, entity kind of the culprit)
 EXPECTED_KIND = {"slow-rank": "gpu", "nic": "link", "flapping-nic": "link", "freeze": "hang",
@@ -71,12 +74,15 @@ class DrillSpec:
     cpus: float = 0.1  # slow-rank: the rank's CPU quota, in CPUs
     mbit: float = 20.0  # nic: the rate its NIC is held to
     flap_s: float = 2.0  # flapping-nic: seconds on, then off
+    traced: str = "all"  # which ranks report (TRACED)
     workdir: Path = Path("drill-runs")
     tag: str = ""
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
             raise ValueError(f"unknown fault {self.fault!r}; one of {', '.join(FAULTS)}")
+        if self.traced not in TRACED:
+            raise ValueError(f"unknown tracing {self.traced!r}; one of {', '.join(TRACED)}")
         if self.ranks < 2 or self.nodes < 1 or self.ranks % self.nodes:
             raise ValueError("at least 2 ranks, spread evenly over the nodes")
         if self.nodes % self.pp:
@@ -88,6 +94,23 @@ class DrillSpec:
     def per_node(self) -> int:
         return self.ranks // self.nodes
 
+    def traced_ranks(self) -> frozenset[int]:
+        """The ranks that run the hook. Rank 0 always does: its agent starts the job.
+
+        >>> sorted(DrillSpec(traced="tp0").traced_ranks())
+        [0, 2, 4, 6]
+        >>> half = DrillSpec(traced="half", seed=5).traced_ranks()
+        >>> len(half), 0 in half, half == DrillSpec(traced="half", seed=5).traced_ranks()
+        (4, True, True)
+        """
+        if self.traced == "tp0":
+            return frozenset(range(0, self.ranks, self.per_node))
+        if self.traced == "half":
+            rest = random.Random(f"traced-{self.seed}").sample(range(1, self.ranks),
+                                                                self.ranks // 2 - 1)
+            return frozenset([0, *rest])
+        return frozenset(range(self.ranks))
+
 
 @dataclass(frozen=True, slots=True)
 class Truth:
@@ -97,6 +120,14 @@ class Truth:
     kind: str | None  # the incident kind a correct diagnosis reports (None: no fault)
     culprit: str | None  # rank:<n> or node:<name>
     onset_step: int | None  # the first step that ran wholly under the fault (latency from it)
+    # an untraced culprit rank is named right by its node: the narrowest entity the data of
+    # its traced peers can support
+    untraced_node: str | None = None
+
+    def named(self, culprit: str) -> bool:
+        """Whether an incident's culprit names the faulty entity."""
+        return culprit == self.culprit or (self.untraced_node is not None
+                                           and culprit == f"node:{self.untraced_node}")
 
 
 @dataclass(slots=True)
@@ -116,7 +147,7 @@ class DrillResult:
         if self.truth.culprit is None:
             return not self.false_device
         f = self.found
-        return (f is not None and f.culprit == self.truth.culprit
+        return (f is not None and self.truth.named(f.culprit)
                 and f.kind == self.truth.kind and not self.false_device)
 
     @property
@@ -142,7 +173,7 @@ def judge(truth: Truth, incidents: list[IncidentV1]) -> tuple[IncidentV1 | None,
     before = [i for i in device if i.opened_step < truth.onset_step - 1]
     after = [i for i in device if i.opened_step >= truth.onset_step - 1]
     found = after[0] if after else None
-    wrong = [i for i in after if i.culprit != truth.culprit]
+    wrong = [i for i in after if not truth.named(i.culprit)]
     return found, before + wrong
 
 
@@ -284,9 +315,10 @@ def _ranks(spec: DrillSpec, hosts: list[Host], job: str, out: Path,
     procs = []
     per_node = spec.ranks // len(hosts)
     master = f"{hosts[0].address}:{29500 + os.getpid() % 1000}"
+    traced = spec.traced_ranks()
     for r in range(spec.ranks):
         h = hosts[r // per_node]
-        env = dict(os.environ, FLARE_AGENT="1", FLARE_JOB=job, FLARE_NODE=h.name,
+        env = dict(os.environ, FLARE_AGENT="1" if r in traced else "0", FLARE_JOB=job, FLARE_NODE=h.name,
                    FLARE_AGENT_SOCKET=str(out / f"{h.name}.sock"), LOCAL_RANK=str(r % per_node),
                    GLOO_SOCKET_IFNAME=h.nic, OMP_NUM_THREADS="1")
         argv = [sys.executable, "-m", "flare.drill.train", "--rank", str(r), "--world",
@@ -300,14 +332,32 @@ def _ranks(spec: DrillSpec, hosts: list[Host], job: str, out: Path,
     return procs
 
 
-def _newest_step(agent: _Agent) -> int:
-    """The newest step any rank of `agent`'s node finished (from its recording)."""
-    newest = -1
-    with contextlib.suppress(FileNotFoundError), open(agent.out, "rb") as f:
-        for line in f:
-            if b'"flare.steps.v1"' in line and line.endswith(b"\n"):
-                newest = max(newest, int(orjson.loads(line)["value"]["step"]))
+def newest_steps(recordings: Iterable[Path]) -> dict[int, int]:
+    """The newest step each rank finished, from its node agent's copy of what it published."""
+    newest: dict[int, int] = {}
+    for path in recordings:
+        with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+            for line in f:
+                if b'"flare.steps.v1"' in line and line.endswith(b"\n"):
+                    v = orjson.loads(line)["value"]
+                    rank, step = int(v["rank"]), int(v["step"])
+                    newest[rank] = max(newest.get(rank, -1), step)
     return newest
+
+
+def fault_onset(newest: dict[int, int]) -> int:
+    """The first step that runs wholly under a fault applied now.
+
+    Ranks are steps apart (a pipeline's first stage starts a step before its last one ends),
+    so a fault lands in the step the rank furthest behind is still in, and touches the job
+    from there on; the step after it is the first wholly under the fault.
+    """
+    return min(newest.values(), default=-1) + 2
+
+
+def _newest_step(agent: _Agent) -> int:
+    """The newest step any rank of `agent`'s node finished."""
+    return max(newest_steps([agent.out]).values(), default=-1)
 
 
 def _wait_steps(agent: _Agent, step: int, ranks: list[subprocess.Popen[bytes]],
@@ -327,7 +377,7 @@ def _fault(spec: DrillSpec, rng: random.Random, hosts: list[Host],
            ranks: list[subprocess.Popen[bytes]], agents: list[_Agent]
            ) -> tuple[Truth, Fault | None]:
     """Pick the target with the drill's seed and build its fault (not applied yet)."""
-    onset = _newest_step(agents[0]) + 2  # the step after the one it lands in
+    onset = fault_onset(newest_steps(a.out for a in agents))
     if spec.fault == "none":
         return Truth("none", None, None, None), None
     if spec.fault in ("nic", "flapping-nic"):
@@ -347,7 +397,8 @@ def _fault(spec: DrillSpec, rng: random.Random, hosts: list[Host],
         built = Freeze(pid, name=name)
     else:
         built = Kill(pid)
-    return Truth(spec.fault, EXPECTED_KIND[spec.fault], f"rank:{r}", onset), built
+    dark = None if r in spec.traced_ranks() else hosts[r // spec.per_node].name
+    return Truth(spec.fault, EXPECTED_KIND[spec.fault], f"rank:{r}", onset, dark), built
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:

@@ -3,18 +3,21 @@
     python -m flare.drill.train --rank 3 --world 8 --per-node 2 --pp 2 --master 10.77.0.10:29500
 
 The layout is Megatron's, shrunk to a few CPU processes on gloo:
-- the ranks of a node are a tensor-parallel group: every forward all-reduces its activations
-  over it, as a row-parallel layer does;
+- the ranks of a node are a tensor-parallel group: every layer all-reduces its output over it
+  in the forward (a row-parallel layer) and its input's gradient in the backward (Megatron's
+  `f` before a column-parallel one), so a step holds as many such collectives per layer as a
+  production job's does, and a slow member delays every one of them;
 - the nodes are split into `pp` pipeline stages, in order; a rank sends its activations to
   the rank with the same place on the matching node of the next stage, and the gradients
   come back the same way (GPipe: all microbatches forward, then all backward);
 - the ranks with the same place in the nodes of one stage are a data-parallel group: after
   the backward they all-reduce their gradients, which crosses the nodes' NICs.
 
-The Flare hook is installed before the process group exists, tags every group and times the
-forward and backward, so the node's agent gets what a production job's hook sends. Nothing
-here knows about faults: a drill slows, limits, freezes or kills this process or its node from
-outside, as a real fault would.
+The Flare hook is installed before the process group exists (when FLARE_AGENT=1, the
+torchrun way), tags every group and times the forward and backward, so the node's agent gets
+what a production job's hook sends. A rank without it trains the same and reports nothing,
+as an untraced rank of a production job does. Nothing here knows about faults: a drill slows,
+limits, freezes or kills this process or its node from outside, as a real fault would.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     from producers import torch_hook
 
     torch.set_num_threads(1)
-    hook = torch_hook.install()
+    hook = torch_hook.install_from_env()
     host, port = a.master.rsplit(":", 1)
     dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=a.rank,
                             world_size=a.world)
@@ -113,10 +117,11 @@ def main(argv: list[str] | None = None) -> None:
                  for d in range(me.stage_nodes) for t in range(a.per_node)}
     tp, dp = tp_groups[me.node], dp_groups[(me.stage, me.tp)]
     pp = pp_groups[(me.dp, me.tp)]
-    hook.tag_group(tp, "tp", me.node)
-    hook.tag_group(dp, "dp", me.stage * a.per_node + me.tp)
-    hook.tag_group(pp, "pp", me.dp * a.per_node + me.tp)
-    hook.set_coords(tp=me.tp, pp=me.stage, dp=me.dp)
+    if hook is not None:
+        hook.tag_group(tp, "tp", me.node)
+        hook.tag_group(dp, "dp", me.stage * a.per_node + me.tp)
+        hook.tag_group(pp, "pp", me.dp * a.per_node + me.tp)
+        hook.set_coords(tp=me.tp, pp=me.stage, dp=me.dp)
     prev = me.rank_at(me.stage - 1, me.dp, me.tp) if me.stage > 0 else None
     nxt = me.rank_at(me.stage + 1, me.dp, me.tp) if me.stage < a.pp - 1 else None
 
@@ -125,21 +130,40 @@ def main(argv: list[str] | None = None) -> None:
                                              dim_feedforward=2 * a.width, batch_first=True)
     body = torch.nn.TransformerEncoder(layer, num_layers=2)
 
+    tp_size = a.per_node
+
+    class ReduceGradOverTp(torch.autograd.Function):
+        """Identity forward; the gradient all-reduced (averaged) over the node backward."""
+
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            grad = grad.contiguous().clone()
+            dist.all_reduce(grad, group=tp)
+            return grad / tp_size
+
     class Stage(torch.nn.Module):
-        """This stage's layers, then its activations all-reduced over the node (row-parallel)."""
+        """This stage's layers, each between a backward and a forward all-reduce over the
+        node, as a tensor-parallel layer is."""
 
         def __init__(self) -> None:
             super().__init__()
             self.body = body
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            h = self.body(x)
-            shared = h.detach().clone()
-            dist.all_reduce(shared, group=tp)
-            return h + 0.0 * shared
+            for each in self.body.layers:
+                x = each(ReduceGradOverTp.apply(x))
+                shared = x.detach().clone()
+                dist.all_reduce(shared, group=tp)
+                x = x + 0.0 * shared
+            return x
 
     model = Stage()
-    hook.instrument_module(model)
+    if hook is not None:
+        hook.instrument_module(model)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=1e-4)
     gen = torch.Generator().manual_seed(a.rank)

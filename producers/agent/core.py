@@ -36,7 +36,7 @@ from producers.publisher import Message
 from producers.torch_hook.wire import BYE, HELLO, INFLIGHT, STEPS, FrameError
 from schemas import topics
 from schemas.clock import NanoClock
-from schemas.wire import InflightOp, ThreadStack
+from schemas.wire import InflightOp, Layout, ThreadStack
 
 MAX_INFLIGHT = 256  # ops of one rank's table kept (a runaway table must not grow heartbeats)
 MAX_STACK = 20  # innermost frames of a dying rank's stack passed on
@@ -192,6 +192,7 @@ class Table(msgspec.Struct):
     inflight: list[InflightOp] = []
     stacks: list[RankThread] | None = None  # every thread's stack, now and then (hangs)
     stacks_ts_ns: int = 0
+    layout: Layout | None = None  # members per group of each tagged kind, once known
 
 
 _hello = msgspec.json.Decoder(Hello)
@@ -238,6 +239,7 @@ class AgentCore:
         self.ranks: dict[int, RankState] = {}  # by connection id
         self.stats = CoreStats()
         self._started: set[str] = set()
+        self._layouts: dict[str, Layout] = {}  # by job: the layout its start was sent with
 
     def on_frame(self, conn: int, ftype: int, payload: bytes) -> list[Message]:
         """One frame from connection `conn`; FrameError when it breaks the protocol."""
@@ -264,6 +266,8 @@ class AgentCore:
                     for t in table.stacks[:MAX_THREADS]]
                 st.stacks_ts_ns = table.stacks_ts_ns or self.now()
             self.stats.tables += 1
+            if table.layout is not None and st.hello.rank == 0:
+                return self._start_with_layout(st.hello, table.layout)
             return []
         if ftype == BYE:
             try:
@@ -278,6 +282,7 @@ class AgentCore:
             if st.hello.rank == 0:
                 out.append(self._job_event(st.hello.job, "end"))
                 self.metrics.forget(st.hello.job)
+                self._layouts.pop(st.hello.job, None)
             self.ranks.pop(conn, None)
             return out
         raise FrameError(f"unknown frame type {ftype}")
@@ -364,15 +369,34 @@ class AgentCore:
                 self._started.clear()
             self._started.add(hello.job)
             out.append(self._job_event(hello.job, "start", hello.world_size,
-                                       self.switch_of_node, job_nodes(hello.job_nodes)))
+                                       self.switch_of_node, job_nodes(hello.job_nodes),
+                                       self._layouts.get(hello.job)))
         return out
+
+    def _start_with_layout(self, hello: Hello, layout: Layout) -> list[Message]:
+        """The job's start again, now with the layout rank 0's tagged groups tell.
+
+        Rank 0 says hello as soon as its process group exists, before it creates the groups
+        that give the layout. Without it a group's untraced members look absent, so partial
+        tracing could not be told from a smaller group: the start is repeated once the
+        layout is known (and if it changes), which a diagnoser takes as the same job.
+        """
+        if hello.world_size <= 0 or self._layouts.get(hello.job) == layout:
+            return []
+        if len(self._layouts) > 10_000:
+            self._layouts.clear()
+        self._layouts[hello.job] = layout
+        return [self._job_event(hello.job, "start", hello.world_size, self.switch_of_node,
+                                job_nodes(hello.job_nodes), layout)]
 
     def _job_event(self, job: str, event: str, world_size: int = 0,
                    switch_of_node: dict[str, str] | None = None,
-                   nodes: list[str] | None = None) -> Message:
+                   nodes: list[str] | None = None, layout: Layout | None = None) -> Message:
         msg: dict[str, Any] = {"v": 1, "job": job, "event": event, "ts_ns": self.now()}
         if world_size:
             msg["world_size"] = world_size
+        if layout is not None:
+            msg["layout"] = msgspec.to_builtins(layout)
         if nodes:  # the job's own nodes: one that never reports is a dark node of the job
             where = switch_of_node or {}
             msg["nodes"] = [{"node": n, "switch": where[n]} if n in where else {"node": n}

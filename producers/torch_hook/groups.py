@@ -5,7 +5,9 @@ it such a `group_desc` (DeviceMesh and `new_group(group_desc=...)` do), `world` 
 default group, `pg` otherwise. The id must be equal on every member and unique in the job, so
 it is the user's index or torch's own group name (assigned in creation order, which torch
 already requires to be the same on every rank). Tagging a group also gives the rank its
-coordinate in that dimension: its rank inside the group.
+coordinate in that dimension, its rank inside the group, and the job's layout its size in that
+dimension: with partial tracing the layout is how a detector knows that a group has members
+which never report (they are untraced, not absent).
 
 A group also says whether its ops run on a GPU (`GroupInfo.gpu`: its backend is NCCL and GPU
 timing is on), decided once when it is resolved, so the CPU/gloo hot path pays one attribute
@@ -22,6 +24,7 @@ import re
 from typing import Any
 
 TAG_KINDS = ("tp", "dp", "pp", "ep", "cp")
+LAYOUT_KINDS = ("tp", "pp", "dp", "ep")  # the dimensions wire v1's job layout has
 _DESC_KIND = re.compile(r"(?:^|[_\-.:])(tp|dp|pp|ep|cp)$")
 
 
@@ -71,6 +74,7 @@ class GroupRegistry:
         self._tags: dict[Any, tuple[str, str]] = {}
         self._counters: dict[Any, GroupInfo] = {}
         self.coords: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}  # members per group, by tagged kind (the layout)
 
     def get(self, group: Any) -> GroupInfo:
         info = self._infos.get(group)
@@ -107,12 +111,19 @@ class GroupRegistry:
             return str(getattr(pg, "group_name", "") or id(pg))
 
     def _set_coord(self, kind: str, pg: Any) -> None:
+        """This rank's coordinate in `kind` (its rank in `pg`) and the layout's size there."""
         try:
             r = int(self._dist.get_rank(pg))
         except Exception:
             return
-        if r >= 0:
-            self.coords[kind] = r
+        if r < 0:
+            return
+        self.coords[kind] = r
+        if kind in LAYOUT_KINDS:
+            try:
+                self.sizes[kind] = int(self._dist.get_world_size(pg))
+            except Exception:
+                pass
 
     def _resolve(self, group: Any) -> GroupInfo:
         pg = group if group is not None else self._default()

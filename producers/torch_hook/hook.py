@@ -303,8 +303,11 @@ class FlareHook:
 
     def _table(self) -> dict[str, Any]:
         """The in-flight table the sender thread sends about every second, with every
-        thread's stack when the current step has lasted far past the usual (`stacks`)."""
+        thread's stack when the current step has lasted far past the usual (`stacks`), and
+        the layout its tagged groups tell (rank 0's agent starts the job with it)."""
         table = self.log.inflight()
+        if self.groups.sizes:
+            table["layout"] = dict(self.groups.sizes)
         stacks = capture_if_due(self.watch, self.log.step_t0, self.log.clock(),
                                 lambda: self.stalls.training_thread)
         if stacks is not None:

@@ -10,10 +10,12 @@ Frame types:
   `fault_file` is where a fatal signal's stacks are written (`exits`); `job_nodes` (rank 0)
   is the job's node list as a Slurm host list, which the job's start event carries.
 - STEPS: one complete wire-v1 `flare.steps.v1` message, forwarded to Kafka as is.
-- INFLIGHT ``{"step","inflight":[{"group","name","seq","start_ns"}][,"stacks","stacks_ts_ns"]}``:
-  the rank's table of ops in flight, sent about every second; the daemon turns it into
-  heartbeats. `stacks` (every thread's Python stack, `torch_hook.stacks`) rides along once
-  when the rank's step has lasted far past its usual time.
+- INFLIGHT ``{"step","inflight":[{"group","name","seq","start_ns"}][,"stacks","stacks_ts_ns"]
+  [,"layout"]}``: the rank's table of ops in flight, sent about every second; the daemon turns
+  it into heartbeats. `stacks` (every thread's Python stack, `torch_hook.stacks`) rides along
+  once when the rank's step has lasted far past its usual time. `layout` (``{"tp": 8, ...}``,
+  members per group of each tagged kind) is what rank 0's daemon starts the job with again
+  once it is known: the process group, and so the hello, exists before the groups do.
 - BYE ``{}`` or ``{"exit","detail","stack"}``: the rank ends; cleanly (the job's end, when
   it is rank 0) unless it says why it is exiting (an unhandled exception).
 """

@@ -32,6 +32,7 @@ from producers.agent.server import AgentDaemon
 from producers.testing import MemoryPublisher
 from schemas.decode import decode_heartbeat, decode_job, decode_steps
 from schemas.topics import HEARTBEATS, JOBS, STEPS
+from schemas.wire import Layout
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -246,7 +247,10 @@ def test_slowed_rank_computes_longer_and_peers_wait(sock):
     assert {g for g, _s in sends} == {"tp.0.0-1", "world.0.0-1"}
     assert len(sends) == 2 * steps
     jobs = [decode_job(v) for t, _k, v in d.publisher.messages if t == JOBS]
-    assert [j.event for j in jobs] == ["start", "end"] and jobs[0].world_size == WORLD
+    # the start again once rank 0's groups exist: with the layout they tell
+    assert [j.event for j in jobs] == ["start", "start", "end"]
+    assert jobs[0].world_size == jobs[1].world_size == WORLD and jobs[0].layout is None
+    assert jobs[1].layout == Layout(tp=2, dp=2)
     for t, _k, v in d.publisher.messages:
         if t == HEARTBEATS:
             decode_heartbeat(v)

@@ -296,3 +296,37 @@ def test_a_stall_passed_on_from_a_traced_rank_is_that_ranks():
 
     assert named(seen_by_host=False) == [("node:n02", "host")]
     assert named(seen_by_host=True) == [("rank:24", "host")]
+
+
+def _small_job(slow: int | None, step: int, jitter: float = 0.0):
+    """A drill's size: two pipeline stages of two nodes, one traced rank per node (tp 2).
+
+    A slow untraced GPU holds its node's group at both forward all-reduces; its data-parallel
+    peer, late from the gradient all-reduce it waited on, holds its own node's group at the
+    first one only (so that group's total rises too, by less)."""
+    msgs = []
+    for r in (0, 2, 4, 6):
+        node = r // 2
+        waits = [1.0 + jitter * ((r + step) % 3), 1.0]
+        if slow is not None and node == slow:
+            waits = [300.0, 300.0]
+        elif slow is not None and node == slow ^ 1:  # its data-parallel peer's node
+            waits = [250.0, 1.0]
+        ops = [("compute", "fwd", "", 0, 0.0, 10.0, 0)]
+        t = 10.0
+        for k, w in enumerate(waits):
+            ops.append(("coll", "all_reduce", f"tp.{node}", 2 * step + k, t, w, 1 << 20))
+            t += w
+        msgs.append(rank_step(r, f"n{node}", step, ops, coords={"tp": 0, "pp": node // 2,
+                                                                "dp": node % 2}))
+    return frame_of(msgs)
+
+
+def test_in_a_job_too_small_for_stage_peers_the_group_that_rose_most_names_its_node():
+    """Two groups of a kind per stage are too few to compare with (`_MIN_PEERS`): each is
+    judged by its own usual wait, and of those that rose, the one that rose most is where
+    the wait starts (a drill with one rank per node traced: the slow rank was not named)."""
+    topo = Topology(group_size={"tp": 2}, world=8)
+    usual = [_small_job(None, s, jitter=0.5) for s in range(8)]
+    assert _judge([*usual, _small_job(1, 8)], topo) == [("node:n1", "gpu")]
+    assert _judge([*usual, _small_job(None, 8, jitter=0.5)], topo) == []

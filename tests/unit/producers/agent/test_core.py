@@ -73,6 +73,27 @@ def test_the_start_event_names_the_jobs_own_nodes_from_rank_zeros_slurm_host_lis
     assert bad.nodes is None and bad.world_size == 4
 
 
+def test_rank_zeros_layout_restarts_the_job_once_with_it_and_other_ranks_do_not():
+    """Rank 0 says hello before it has groups; its tables carry the layout once they exist
+    (partial tracing needs it: a group's untraced members are not absent)."""
+    core = AgentCore("gpu-01", FakeClock())
+    first = orjson.loads(hello(0))
+    core.on_frame(1, HELLO, orjson.dumps({**first, "job_nodes": "gpu-[01-02]"}))
+    core.on_frame(2, HELLO, hello(1))
+    with_layout = {**orjson.loads(table(0)), "layout": {"tp": 2, "pp": 2, "dp": 1}}
+    assert core.on_frame(2, INFLIGHT, orjson.dumps(with_layout)) == []  # not rank 0
+    out = core.on_frame(1, INFLIGHT, orjson.dumps(with_layout))
+    assert [(t, k) for t, k, _v in out] == [(topics.JOBS, b"j1")]
+    job = decode_job(out[0][2])
+    assert job.event == "start" and job.world_size == 4 and job.layout is not None
+    assert (job.layout.tp, job.layout.pp, job.layout.dp, job.layout.ep) == (2, 2, 1, None)
+    assert [n.node for n in job.nodes or []] == ["gpu-01", "gpu-02"]
+    assert core.on_frame(1, INFLIGHT, orjson.dumps(with_layout)) == []  # once per layout
+    assert core.on_frame(1, INFLIGHT, table(1)) == []
+    changed = {**with_layout, "layout": {"tp": 2, "pp": 2, "dp": 1, "ep": 2}}
+    assert decode_job(core.on_frame(1, INFLIGHT, orjson.dumps(changed))[0][2]).layout.ep == 2
+
+
 def test_steps_are_forwarded_untouched_keyed_by_job():
     core = AgentCore("n1", FakeClock())
     core.on_frame(1, HELLO, hello(0))

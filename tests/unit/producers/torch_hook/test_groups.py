@@ -39,6 +39,9 @@ class FakeDist:
             return self.me
         return group.ranks.index(self.me) if self.me in group.ranks else -1
 
+    def get_world_size(self, group: PG | None = None) -> int:
+        return len((group or self.distributed_c10d.default).ranks)
+
 
 WORLD = PG("0", [0, 1, 2, 3], "default_pg")
 
@@ -63,11 +66,22 @@ def test_tagging_names_the_group_and_sets_the_coordinate():
     assert reg.coords == {"tp": 1, "dp": 1}
 
 
+def test_tagged_groups_give_the_layout_of_the_kinds_wire_v1_has():
+    reg = GroupRegistry(FakeDist(3, WORLD))
+    reg.tag(PG("5", [2, 3]), "tp", 1)
+    reg.tag(PG("6", [1, 3, 5]), "dp")
+    reg.tag(PG("7", [3, 7]), "cp")  # context parallel: a coordinate, not in v1's layout
+    reg.tag(PG("8", [0, 1]), "pp")  # not a member: no coordinate, no size
+    assert reg.sizes == {"tp": 2, "dp": 3}
+    assert reg.get(PG("9", [0, 1, 2, 3], desc="mesh_ep")).name == "ep.9"
+    assert reg.sizes == {"tp": 2, "dp": 3, "ep": 4}
+
+
 def test_group_desc_of_a_kind_is_an_automatic_tag():
     reg = GroupRegistry(FakeDist(1, WORLD))
     mesh_tp = PG("3", [0, 1], desc="mesh_tp")
     assert reg.get(mesh_tp).name == "tp.3"
-    assert reg.coords == {"tp": 1}
+    assert reg.coords == {"tp": 1} and reg.sizes == {"tp": 2}
 
 
 def test_tag_after_first_use_keeps_the_counter():

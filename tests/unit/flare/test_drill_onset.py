@@ -1,0 +1,53 @@
+"""A drill's fault onset counts from the rank furthest behind, not from one node's newest step.
+
+A CI run killed rank 3 while node 0's ranks had finished step 25 and rank 3 (a later
+pipeline stage, on node 1) was still in it; the onset taken from node 0 alone was 27, so the
+correct incident, opened in step 25, was judged to come before the fault.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flare.drill.run import Truth, fault_onset, judge, newest_steps
+from producers.recording import recording_line
+from schemas.wire import IncidentV1, Suspect
+
+
+def _published(path: Path, steps: dict[int, list[int]], node: str) -> Path:
+    with open(path, "wb") as f:
+        for rank, done in steps.items():
+            for step in done:
+                f.write(recording_line("flare.steps.v1", "j", {
+                    "v": 1, "job": "j", "rank": rank, "node": node, "step": step,
+                    "t_start_ns": 0, "t_end_ns": 1, "ops": []}))
+                f.write(recording_line("flare.heartbeats.v1", "j", {"rank": rank, "step": 99}))
+        f.write(b'{"topic": "flare.steps.v1", "key": "j", "value": {"rank": 0, "st')  # cut off
+    return path
+
+
+def _incident(opened: int, culprit: str = "rank:3") -> IncidentV1:
+    return IncidentV1(v=1, id=f"i{opened}", job="j", status="open", kind="hang",
+                      culprit=culprit, suspects=[Suspect(entity=culprit, confidence=1.0)],
+                      onset_step=opened, opened_step=opened, opened_ts_ns=0, last_step=opened,
+                      resolved_step=None, slowdown=1.0, lost_gpu_seconds=0.0, evidence_steps=1,
+                      summary="")
+
+
+def test_the_onset_follows_the_rank_furthest_behind_on_any_node(tmp_path: Path) -> None:
+    node0 = _published(tmp_path / "n0.jsonl", {0: [23, 24, 25], 1: [24, 25]}, "node-0")
+    node1 = _published(tmp_path / "n1.jsonl", {2: [24, 25], 3: [23, 24]}, "node-1")
+    newest = newest_steps([node0, node1, tmp_path / "not-yet-written.jsonl"])
+    assert newest == {0: 25, 1: 25, 2: 25, 3: 24}
+    assert fault_onset(newest) == 26
+    assert fault_onset(newest_steps([node0])) == 27  # what one node alone would have said
+    assert fault_onset({}) == 1
+
+
+def test_an_incident_in_the_step_the_fault_lands_in_answers_it(tmp_path: Path) -> None:
+    truth = Truth("kill", "hang", "rank:3", fault_onset({0: 25, 3: 24}))
+    found, false = judge(truth, [_incident(25)])
+    assert found is not None and found.opened_step == 25 and false == []
+    # one opened in a step finished before the fault is false
+    found, false = judge(truth, [_incident(24)])
+    assert found is None and [i.opened_step for i in false] == [24]
