@@ -319,8 +319,8 @@ def _ranks(spec: DrillSpec, hosts: list[Host], job: str, out: Path,
     for r in range(spec.ranks):
         h = hosts[r // per_node]
         env = dict(os.environ, FLARE_AGENT="1" if r in traced else "0", FLARE_JOB=job,
-                   FLARE_NODE=h.name, FLARE_AGENT_SOCKET=str(out / f"{h.name}.sock"), LOCAL_RANK=str(r % per_node),
-                   GLOO_SOCKET_IFNAME=h.nic, OMP_NUM_THREADS="1")
+                   FLARE_NODE=h.name, FLARE_AGENT_SOCKET=str(out / f"{h.name}.sock"),
+                   LOCAL_RANK=str(r % per_node), GLOO_SOCKET_IFNAME=h.nic, OMP_NUM_THREADS="1")
         argv = [sys.executable, "-m", "flare.drill.train", "--rank", str(r), "--world",
                 str(spec.ranks), "--per-node", str(per_node),
                 "--pp", str(spec.pp if len(hosts) > 1 else 1), "--master", master,
