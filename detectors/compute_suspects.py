@@ -67,7 +67,8 @@ def compute_ratio(
 
 
 def compute_suspects(
-    frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, noise: NoiseMemory, out: Candidates
+    frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, noise: NoiseMemory, out: Candidates,
+    stages: tuple[np.ndarray, int] | None = None,
 ) -> None:
     """Add the step's `gpu` (rank) and `node` suspects to `out`."""
     basis = _basis(feats)
@@ -98,10 +99,12 @@ def compute_suspects(
     # the stage does not. With partial tracing some ranks lose their replica; judged by the
     # replicas' tight spread, their ordinary data jitter would look like a slow GPU.
     zg = np.zeros_like(g)
+    partner = _pair_partners(frame, stages)  # a stage of two: each is the other's mirror
     for ref_kind in np.unique(reference).tolist():
         m = reference == ref_kind
         family = ("gpu", "gpu_vs_node", "gpu_vs_stage")[ref_kind]
-        zg[m] = g[m] / noise.sigma_each(family, g[m], frame.rank[m], _GPU_SIGMA_FLOOR)
+        zg[m] = g[m] / noise.sigma_each(family, g[m], frame.rank[m], _GPU_SIGMA_FLOOR,
+                                        partner[m] if ref_kind == 2 else None)
     for i in np.flatnonzero(zg >= Z_REPORT):
         out.add(
             f"rank:{int(frame.rank[i])}",
@@ -126,6 +129,24 @@ def compute_suspects(
                 f"compute ×{np.exp(node_x[n]):.2f} on "
                 f"{'all' if counts[n] <= 2 else 'most'} of its {counts[n]} ranks",
             )
+
+
+def _pair_partners(frame: StepFrame, stages: tuple[np.ndarray, int] | None) -> np.ndarray:
+    """(R,) the rank id of each rank's only stage peer, -1 when its stage has more or fewer.
+
+    Two traced ranks a stage is what tracing one rank per node gives a small job (a drill
+    of four nodes in two stages): a throttled rank's evidence faded within six steps as its
+    peer's mirrored residuals filled the noise memory.
+    """
+    partner = np.full(frame.n_ranks, -1, dtype=np.int64)
+    if stages is None:
+        return partner
+    keys, n_keys = stages
+    size = np.bincount(keys, minlength=n_keys)
+    for k in np.flatnonzero(size == 2).tolist():
+        a, b = np.flatnonzero(keys == k).tolist()
+        partner[a], partner[b] = frame.rank[b], frame.rank[a]
+    return partner
 
 
 def _data_share(frame: StepFrame, x: np.ndarray) -> np.ndarray:

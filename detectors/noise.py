@@ -74,10 +74,14 @@ class NoiseMemory(Stateful):
         return robust_sigma(np.concatenate([v for v, _ in h]), floor)
 
     def sigma_each(
-        self, family: str, values: np.ndarray, ids: np.ndarray, floor: float
+        self, family: str, values: np.ndarray, ids: np.ndarray, floor: float,
+        partners: np.ndarray | None = None,
     ) -> np.ndarray:
         """(N,) σ to measure each value against: the pool's, or in a small group the pool
-        without the entries of that value's entity (`ids`: one entity id per value)."""
+        without the entries of that value's entity (`ids`: one entity id per value), nor of
+        its `partners` entity (-1: none), whose value is its mirror: measured against the
+        median of two, a slow rank's residual is +d and its only peer's -d, so that peer's
+        entries widen the σ the slow rank is judged by as much as its own would."""
         h = self._remember(family, values, ids)
         pool = np.concatenate([v for v, _ in h])
         out = np.full(values.shape, robust_sigma(pool, floor))
@@ -85,6 +89,8 @@ class NoiseMemory(Stateful):
             return out
         owner = np.concatenate([np.full(v.size, -1) if i is None else i for v, i in h])
         others = owner[None, :] != ids[:, None]  # (N, pool)
+        if partners is not None:
+            others &= owner[None, :] != partners[:, None]
         enough = others.sum(axis=1) >= 3
         others[~enough] = True  # too few others: the whole pool
         loo = robust_sigma_rows(np.where(others, pool[None, :], np.nan), floor)

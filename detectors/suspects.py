@@ -66,7 +66,7 @@ def step_suspects(
     out = Candidates()
     if frame.n_ranks < 2:
         return out
-    compute_suspects(frame, feats, ratio, noise, out)
+    compute_suspects(frame, feats, ratio, noise, out, stages)
     host_suspects(frame, feats, stages, noise, out)
     network_suspects(frame, feats, topo, ref, out)
     if waits is not None and frame.n_ranks < topo.world:  # only partial tracing has them

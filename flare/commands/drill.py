@@ -31,6 +31,9 @@ def register(app: typer.Typer) -> None:
             "all", help="ranks that run the hook: all | tp0 (each node's first rank, one per "
                         "tensor-parallel group) | half (rank 0 and a random half, by --seed); "
                         "a fault on an untraced rank is named right by its node"),
+        comm_only: bool = typer.Option(
+            False, "--comm-only", help="diagnose the recording without its compute ops, as a "
+                                       "communication-only tracer logs"),
         workdir: Path = typer.Option(Path("drill-runs"), help="logs and recordings go here"),
         as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
     ) -> None:
@@ -47,7 +50,8 @@ def register(app: typer.Typer) -> None:
         try:
             spec = DrillSpec(fault=fault, ranks=ranks, nodes=nodes, pp=pp,
                              steps_before=steps_before, steps_after=steps_after, seed=seed,
-                             cpus=cpus, mbit=mbit, traced=traced, workdir=workdir)
+                             cpus=cpus, mbit=mbit, traced=traced, comm_only=comm_only,
+                             workdir=workdir)
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None

@@ -75,6 +75,7 @@ class DrillSpec:
     mbit: float = 20.0  # nic: the rate its NIC is held to
     flap_s: float = 2.0  # flapping-nic: seconds on, then off
     traced: str = "all"  # which ranks report (TRACED)
+    comm_only: bool = False  # diagnose without compute ops, as a communication-only tracer logs
     workdir: Path = Path("drill-runs")
     tag: str = ""
 
@@ -227,6 +228,8 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
         received = broker.collect(out / "broker.jsonl", sent)
     recording = out / "recording.jsonl"
     sort_recording(out / "broker.jsonl", recording)
+    if spec.comm_only:
+        recording = without_compute(recording, out / "recording.comm-only.jsonl")
     incidents, steps = _diagnose(recording)
     found, false_device = judge(truth, incidents)
     say(f"{sent} messages sent, {received} received by the broker, {steps} job steps "
@@ -419,6 +422,22 @@ def sort_recording(path: Path, out: Path) -> int:
         for _, line in events:
             f.write(line)
     return len(events)
+
+
+def without_compute(path: Path, out: Path) -> Path:
+    """`path` as a communication-only tracer would have logged it: every step's compute ops
+    left out, its collectives and transfers as they were (Holmes-style logs)."""
+    with open(path, "rb") as src, open(out, "wb") as dst:
+        for line in src:
+            m = orjson.loads(line)
+            if m["topic"] == "flare.steps.v1":
+                ops = m["value"]["ops"]
+                keep = [i for i, k in enumerate(ops["kind"]) if k != "compute"]
+                m["value"]["ops"] = {col: [vals[i] for i in keep] if isinstance(vals, list)
+                                     else vals for col, vals in ops.items()}
+                line = orjson.dumps(m) + b"\n"
+            dst.write(line)
+    return out
 
 
 def _diagnose(recording: Path) -> tuple[list[IncidentV1], int]:

@@ -71,3 +71,19 @@ def test_a_family_of_one_value_per_step_keeps_its_spread():
     for _ in range(10):
         s = mem.sigma("gpu_vs_stage", rng.normal(0.0, 0.03, 1), 0.004)
     assert s > 0.01
+
+
+def test_a_slow_ranks_only_peer_is_its_mirror_and_left_out_of_its_spread():
+    """Two stages of two ranks (one traced rank per node of a small job): measured against
+    its stage's median of two, a slow rank sits at +d and its peer at -d. The peer's entries
+    are the fault, not noise: with them the slow rank's σ is about twice the healthy one."""
+    rng = np.random.default_rng(7)
+    ids, partners = np.array([0, 2, 4, 6]), np.array([2, 0, 6, 4])
+    alone, mirrored = NoiseMemory(), NoiseMemory()
+    for _ in range(10):
+        d = 0.5
+        healthy = rng.normal(0.0, 0.08)
+        v = np.array([-d, d, healthy, -healthy])
+        s_alone = alone.sigma_each("gpu_vs_stage", v, ids, 0.004, partners)
+        s_mirrored = mirrored.sigma_each("gpu_vs_stage", v, ids, 0.004)
+    assert s_mirrored[1] > 1.8 * s_alone[1]  # the mirror about doubles the slow rank's σ

@@ -1,15 +1,19 @@
-"""A drill's fault onset counts from the rank furthest behind, not from one node's newest step.
+"""How a drill judges what it recorded: the fault's onset, the incident that answers it, and
+the recording as a communication-only tracer would have logged it.
 
-A CI run killed rank 3 while node 0's ranks had finished step 25 and rank 3 (a later
-pipeline stage, on node 1) was still in it; the onset taken from node 0 alone was 27, so the
-correct incident, opened in step 25, was judged to come before the fault.
+The onset counts from the rank furthest behind, not from one node's newest step: a CI run
+killed rank 3 while node 0's ranks had finished step 25 and rank 3 (a later pipeline stage,
+on node 1) was still in it; the onset taken from node 0 alone was 27, so the correct
+incident, opened in step 25, was judged to come before the fault.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from flare.drill.run import Truth, fault_onset, judge, newest_steps
+import orjson
+
+from flare.drill.run import Truth, fault_onset, judge, newest_steps, without_compute
 from producers.recording import recording_line
 from schemas.wire import IncidentV1, Suspect
 
@@ -51,3 +55,23 @@ def test_an_incident_in_the_step_the_fault_lands_in_answers_it(tmp_path: Path) -
     # one opened in a step finished before the fault is false
     found, false = judge(truth, [_incident(24)])
     assert found is None and [i.opened_step for i in false] == [24]
+
+
+def test_a_communication_only_recording_keeps_every_transfer_and_no_compute(tmp_path: Path) -> None:
+    src = tmp_path / "r.jsonl"
+    with open(src, "wb") as f:
+        f.write(recording_line("flare.jobs.v1", "j", {"v": 1, "job": "j", "event": "start",
+                                                      "ts_ns": 1, "world_size": 2}))
+        f.write(recording_line("flare.steps.v1", "j", {
+            "v": 1, "job": "j", "rank": 0, "node": "n", "step": 0, "t_start_ns": 0,
+            "t_end_ns": 9, "ops": {"kind": ["compute", "coll", "compute", "p2p"],
+                                   "name": ["fwd", "all_reduce", "bwd", "send"],
+                                   "group": ["", "tp.0", "", "pp.0.0-1"], "seq": [-1, 0, -1, 0],
+                                   "start_ns": [0, 2, 4, 7], "dur_ns": [2, 2, 3, 1],
+                                   "bytes": [0, 8, 0, 4], "issue_ns": [-1, 5, -1, 6]}}))
+    lines = [orjson.loads(x) for x in open(without_compute(src, tmp_path / "c.jsonl"), "rb")]
+    assert lines[0] == orjson.loads(open(src, "rb").readline())
+    assert lines[1]["value"]["ops"] == {
+        "kind": ["coll", "p2p"], "name": ["all_reduce", "send"], "group": ["tp.0", "pp.0.0-1"],
+        "seq": [0, 0], "start_ns": [2, 7], "dur_ns": [2, 1], "bytes": [8, 4],
+        "issue_ns": [5, 6]}
