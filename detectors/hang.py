@@ -47,6 +47,7 @@ True
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +62,11 @@ from schemas.wire import HeartbeatV1, InflightOp
 EXIT_GRACE = 0.2  # share of the hang timeout given to see who else vanished with a rank
 STALL_ALLOWANCE = 2.0  # a named stall in flight is work up to this × its longest so far ...
 FIRST_STALL_TIMEOUTS = 10.0  # ... or this many hang timeouts before one has finished
+_PROC_STATE = {"stopped": "stopped (SIGSTOP, a debugger)", "frozen": "frozen (a cgroup freezer)",
+               "blocked": "in uninterruptible kernel sleep"}
+# a collective that failed because its peer went away (gloo, NCCL): the dying rank is a victim
+_BY_PEER = re.compile(r"(reset|closed) by peer|remote process exited|peer .*(closed|exited)",
+                      re.IGNORECASE)
 
 
 @dataclass(slots=True)
@@ -162,14 +168,22 @@ class HangDetector(Stateful):
                     return True
         return False
 
+    def _newest_done(self, rank: int) -> int:
+        """The newest step `rank` finished: assembled, or its message read (a step is
+        assembled only a grace after its last rank, and one waiting on a dead rank never is;
+        a killed rank's last step message can be read seconds before that)."""
+        assembled = int(self.done[rank]) if rank < self.done.size else -1
+        kept = self.newest_ops.get(rank)
+        return max(assembled, kept[0] if kept is not None else -1)
+
     def _finished(self, rank: int, step: int) -> bool:
         """Has `rank` finished `step` (its step message was read)?"""
-        return rank < self.done.size and int(self.done[rank]) >= step
+        return self._newest_done(rank) >= step
 
     def _current_step(self, rank: int, fallback: int) -> int:
         hb = self.last.get(rank)
-        after = int(self.done[rank]) + 1 if rank < self.done.size and self.done[rank] >= 0 else -1
-        now = max(hb.step if hb else -1, after)
+        done = self._newest_done(rank)
+        now = max(hb.step if hb else -1, done + 1 if done >= 0 else -1)
         return now if now >= 0 else fallback
 
     def observe(self, hb: HeartbeatV1) -> None:
@@ -227,6 +241,19 @@ class HangDetector(Stateful):
                                           )[:2]) if first.inflight else ""
         later = len(self.exits) - 1
         step = self._current_step(first.rank, first.step)  # its finished steps are newer
+        unseen = self._untraced_peer_node(first)
+        if unseen is not None:
+            return HangFinding(
+                culprit=f"node:{unseen}",
+                onset_step=step,
+                suspects=[(f"node:{unseen}", 0.8), (f"rank:{first.rank}", 0.2)],
+                summary=(
+                    f"a rank of node {unseen} that is not traced died in step {step}: its "
+                    f"peer rank {first.rank} ({first.node}) lost the connection to it"
+                    f"{where} ({first.exit_reason}); the job cannot progress without it"
+                ),
+                stuck_s=(now_ns - first.ts_ns) / NS_PER_S,
+            )
         return HangFinding(
             culprit=f"rank:{first.rank}",
             onset_step=step,
@@ -243,6 +270,23 @@ class HangDetector(Stateful):
             ),
             stuck_s=(now_ns - first.ts_ns) / NS_PER_S,
         )
+
+    def _untraced_peer_node(self, first: HeartbeatV1) -> str | None:
+        """The node of the untraced peer the first rank to die lost, or None.
+
+        A rank that dies because its peer's connection closed (gloo's "Connection reset by
+        peer", NCCL's "remote process exited") did not die first: the peer did, and said
+        nothing, because it is not traced. When every untraced member of the rank's groups
+        is in its tensor-parallel group, that peer is on the rank's node (a drill killing an
+        untraced rank blamed the traced one beside it)."""
+        if first.exit_reason is None or _BY_PEER.search(first.exit_reason) is None:
+            return None
+        places = {
+            self._node_of_group(g, members)
+            for g, members in self.members.items()
+            if first.rank in members and self._untraced(g) > 0
+        }
+        return places.pop() if len(places) == 1 else None
 
     def _progressing(self, rank: int, now_ns: int, limit: float) -> bool:
         """Did `rank`, or a peer in any of its groups, progress within `limit`?
@@ -309,6 +353,15 @@ class HangDetector(Stateful):
         for rank, hb in self.last.items():
             if rank not in busy:
                 continue
+            if hb.proc_state is not None:
+                # its node says its process cannot run (stopped, frozen, in kernel sleep):
+                # whatever op it shows, it waits on nobody, its peers wait on it (a rank
+                # frozen inside an all-reduce with an untraced peer read as that peer's hang)
+                busy.discard(rank)
+                first_op = min(hb.inflight, key=lambda op: op.start_ns)
+                stopped_in[rank] = (f"{first_op.name} of {first_op.group}, its process "
+                                    f"{_PROC_STATE[hb.proc_state]}")
+                continue
             long_ops = [op for op in hb.inflight if now_ns - op.start_ns > limit]
             if settling:
                 long_ops = [op for op in long_ops if op.start_ns >= self.settled_ns]
@@ -353,6 +406,8 @@ class HangDetector(Stateful):
                 state = (f"alive, inside {stall.name} for "
                          f"{(now_ns - stall.start_ns) / NS_PER_S:.0f} s, past the "
                          f"{allowed / NS_PER_S:.0f} s such a stall was given")
+            elif culprit_rank in stopped_in and last_hb is not None and last_hb.proc_state:
+                state = f"inside {stopped_in[culprit_rank]}"
             else:
                 state = ("silent" if silent else
                          f"alive, inside {stopped_in[culprit_rank]} that its peers finished"

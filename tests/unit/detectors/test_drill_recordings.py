@@ -3,9 +3,11 @@
 Each is what a drill's broker received: eight gloo ranks of a small tensor-, pipeline- and
 data-parallel transformer on four network namespaces, with one rank per node running the hook
 (`--traced tp0`, as production tracers often record only tensor-parallel rank 0), and one
-rank's CPU held to a tenth of a core by a cgroup quota from step 27. Simulated jobs never
-showed either failure below: they are large enough for every group to have stage peers, and
-their traced ranks' residuals are never each other's mirror.
+real fault from step 27: a rank's CPU held to a tenth of a core by a cgroup quota, the rank
+frozen by the cgroup freezer, or killed. Simulated jobs never showed the failures below:
+they are large enough for every group to have stage peers, their traced ranks' residuals are
+never each other's mirror, their ranks report each step the moment it ends and never die of
+a peer's lost connection, and their frozen ranks are never caught inside a collective.
 """
 
 from __future__ import annotations
@@ -41,3 +43,35 @@ def test_a_throttled_rank_is_one_incident_while_it_shows_through_its_host():
     [(opened, kind, culprit)] = _device_incidents("tp0-throttled-rank2.jsonl.gz")
     assert (kind, culprit) == ("gpu", "rank:2")
     assert ONSET - 1 <= opened <= ONSET + 3
+
+
+def _hangs(name: str) -> list[tuple[int, str, str, str]]:
+    res = diagnose_messages(recording_messages(str(DRILLS / name)))
+    return sorted((i.opened_step, i.kind, i.culprit, i.summary) for i in res.incidents.values()
+                  if i.kind != "job")
+
+
+def test_a_killed_rank_died_in_the_step_after_the_newest_it_finished():
+    """Its last table was two steps old, and its last finished steps were read but not yet
+    assembled when its peers' wait turned into a hang: it was placed in step 24, before the
+    fault (the drill's judge called the right incident a false alarm)."""
+    [(opened, kind, culprit, summary)] = _hangs("tp0-killed-rank2.jsonl.gz")
+    assert (opened, kind, culprit) == (ONSET - 1, "hang", "rank:2")
+    assert "died in step 26" in summary
+
+
+def test_a_rank_that_died_of_its_untraced_peers_lost_connection_names_the_peers_node():
+    """Rank 3 is not traced; rank 2 beside it, the first traced rank to die, died of
+    "Connection reset by peer" in their tensor-parallel all-reduce: a victim, not the cause."""
+    [(opened, kind, culprit, summary)] = _hangs("tp0-killed-untraced-rank3.jsonl.gz")
+    assert (kind, culprit) == ("hang", "node:node-1") and opened == ONSET - 1
+    assert "not traced" in summary and "peer rank 2" in summary
+
+
+def test_a_rank_frozen_inside_an_all_reduce_is_the_hang_not_its_untraced_peer():
+    """Rank 2 froze inside its tensor-parallel all-reduce; its only peer there is untraced,
+    so nothing showed the peer done with it. Its node says its process cannot run: it waits
+    on nobody (read as a hang of the untraced peer's node before)."""
+    [(opened, kind, culprit, summary)] = _hangs("tp0-frozen-rank2-in-all-reduce.jsonl.gz")
+    assert (opened, kind, culprit) == (ONSET - 1, "hang", "rank:2")
+    assert "inside all_reduce of tp.1, its process" in summary
