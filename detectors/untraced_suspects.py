@@ -242,7 +242,7 @@ def untraced_suspects(
     # A group inside a node is judged against its peers AND its own usual level (the smaller
     # z). A group across nodes is placed only on the node that holds every untraced rank; a
     # slow rank there delays its whole replica, so every such group of its stage waits alike
-    # and the peer comparison is blind: its own usual level alone judges it. So does it a
+    # and the peer comparison is blind: its own usual level alone judges it. So it does a
     # group inside a node with too few peers on its stage (a small job: two nodes a stage).
     vs_peers = local & enough
     z = np.where(vs_peers, np.minimum(z_peer, z_own), z_own)
