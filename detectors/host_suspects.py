@@ -75,7 +75,11 @@ def host_suspects(
     else:
         # two hosts: their two means are no spread; the ranks' own shares are the pool
         sh = noise.sigma("host1", h, _HOST_SIGMA_FLOOR)
-    zh = node_h / sh
+    # a node with one traced rank (partial tracing) has no majority: its "most ranks" is
+    # one process, whose gaps jitter as a rank's do (a drill with one rank per node traced
+    # paged for 6-12 ms of a loaded machine's scheduling on three steps)
+    lone = np.bincount(frame.node, minlength=n_nodes) == 1
+    zh = node_h / np.where(lone, max(sh, _RANK_SIGMA_FLOOR), sh)
     for n in np.flatnonzero(zh >= Z_REPORT):
         out.add(
             f"node:{frame.nodes[n]}",
