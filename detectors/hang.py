@@ -385,6 +385,12 @@ class HangDetector(Stateful):
             for m in missing:
                 waits_on[m] += len(inside)
         roots = Counter({r: n for r, n in waits_on.items() if r not in busy})
+        if not roots:
+            # no traced rank waits on one that could be the root, yet a traced rank's node
+            # says its process cannot run: the waits reach it through untraced peers (a
+            # frozen rank whose every peer was untraced read as a hang of a far group)
+            roots = Counter({r: 1 for r, hb in self.last.items()
+                             if hb.proc_state and r not in busy and now_ns - hb.ts_ns <= limit})
         oldest = min(stuck, key=lambda k: info[k][1])
         name, start, step = info[oldest]
         stuck_s = (now_ns - start) / NS_PER_S
@@ -406,22 +412,24 @@ class HangDetector(Stateful):
                 state = (f"alive, inside {stall.name} for "
                          f"{(now_ns - stall.start_ns) / NS_PER_S:.0f} s, past the "
                          f"{allowed / NS_PER_S:.0f} s such a stall was given")
-            elif culprit_rank in stopped_in and last_hb is not None and last_hb.proc_state:
-                state = f"inside {stopped_in[culprit_rank]}"
+            elif last_hb is not None and last_hb.proc_state:
+                state = (f"inside {stopped_in[culprit_rank]}" if culprit_rank in stopped_in
+                         else f"no op in flight, its process {_PROC_STATE[last_hb.proc_state]}")
             else:
                 state = ("silent" if silent else
                          f"alive, inside {stopped_in[culprit_rank]} that its peers finished"
                          if culprit_rank in stopped_in else "alive, no op in flight")
             groups = sorted({k[0] for k in stuck if culprit_rank in self.members.get(k[0], set())})
             direct = waits_on[culprit_rank]
+            how = (f"{direct} of them directly on it in {', '.join(groups[:3]) or oldest[0]}"
+                   if direct else f"on it through peers that are not traced, in {oldest[0]}")
             return HangFinding(
                 culprit=f"rank:{culprit_rank}",
                 onset_step=c_step,
                 suspects=[(f"rank:{r}", n / total) for r, n in ranked[:3]],
                 summary=(
                     f"rank {culprit_rank}{where} stopped in step {c_step} ({state}); "
-                    f"{len(busy)} ranks are blocked, {direct} of them directly on it in "
-                    f"{', '.join(groups[:3]) or oldest[0]}, for {stuck_s:.0f} s"
+                    f"{len(busy)} ranks are blocked, {how}, for {stuck_s:.0f} s"
                 ),
                 stuck_s=stuck_s,
             )

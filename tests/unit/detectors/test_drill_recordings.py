@@ -1,13 +1,14 @@
 """Recordings of real training with a real fault (`flare drill`), diagnosed as the worker would.
 
 Each is what a drill's broker received: eight gloo ranks of a small tensor-, pipeline- and
-data-parallel transformer on four network namespaces, with one rank per node running the hook
-(`--traced tp0`, as production tracers often record only tensor-parallel rank 0), and one
-real fault from step 27: a rank's CPU held to a tenth of a core by a cgroup quota, the rank
-frozen by the cgroup freezer, or killed. Simulated jobs never showed the failures below:
-they are large enough for every group to have stage peers, their traced ranks' residuals are
-never each other's mirror, their ranks report each step the moment it ends and never die of
-a peer's lost connection, and their frozen ranks are never caught inside a collective.
+data-parallel transformer on four network namespaces, with only some ranks running the hook
+(`--traced tp0`: one per node, as production tracers often record only tensor-parallel rank
+0; `half`: rank 0 and a random half), and one real fault from step 27: a rank's CPU held to a
+tenth of a core by a cgroup quota, the rank frozen by the cgroup freezer, or killed.
+Simulated jobs never showed the failures below: they are large enough for every group to
+have stage peers, their traced ranks' residuals are never each other's mirror, their ranks
+report each step the moment it ends and never die of a peer's lost connection, and their
+frozen ranks are never caught inside a collective or behind untraced peers only.
 """
 
 from __future__ import annotations
@@ -75,3 +76,13 @@ def test_a_rank_frozen_inside_an_all_reduce_is_the_hang_not_its_untraced_peer():
     [(opened, kind, culprit, summary)] = _hangs("tp0-frozen-rank2-in-all-reduce.jsonl.gz")
     assert (opened, kind, culprit) == (ONSET - 1, "hang", "rank:2")
     assert "inside all_reduce of tp.1, its process" in summary
+
+
+def test_a_frozen_rank_whose_peers_are_all_untraced_is_still_the_hang():
+    """A random half traced (ranks 0, 3, 4, 6): rank 3 froze between ops, and every peer it
+    shares a group with is untraced, so the traced ranks wait on untraced ones only (rank 0
+    in a data-parallel all-reduce). Its node says its process cannot run: that is where
+    the waits end (it read as a hang of the data-parallel group before)."""
+    [(opened, kind, culprit, summary)] = _hangs("half-frozen-rank3-peers-untraced.jsonl.gz")
+    assert (opened, kind, culprit) == (ONSET - 1, "hang", "rank:3")
+    assert "through peers that are not traced" in summary
