@@ -86,3 +86,12 @@ def test_a_frozen_rank_whose_peers_are_all_untraced_is_still_the_hang():
     [(opened, kind, culprit, summary)] = _hangs("half-frozen-rank3-peers-untraced.jsonl.gz")
     assert (opened, kind, culprit) == (ONSET - 1, "hang", "rank:3")
     assert "through peers that are not traced" in summary
+
+
+def test_a_significant_slowdown_that_costs_nothing_opens_no_incident():
+    """Every rank traced, rank 2 throttled from step 27. On a loaded machine the tiny
+    transfers through node-2 ran 4-10 ms long on four steps before the fault, significant
+    enough to confirm a NIC ("the job loses 0.00 s per step"): a false page one step before
+    the right one. The job would be no faster without it, so it is no incident."""
+    assert [(k, c) for _o, k, c in _device_incidents("all-throttled-rank2-nic-noise.jsonl.gz")
+            ] == [("gpu", "rank:2")]
