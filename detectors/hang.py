@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from detectors.base import Stateful
+from detectors.stacks import PROC_STATE
 from schemas.clock import NS_PER_S
 from schemas.rankstep import HOST_STALL_PREFIX
 from schemas.wire import HeartbeatV1, InflightOp
@@ -62,8 +63,6 @@ from schemas.wire import HeartbeatV1, InflightOp
 EXIT_GRACE = 0.2  # share of the hang timeout given to see who else vanished with a rank
 STALL_ALLOWANCE = 2.0  # a named stall in flight is work up to this × its longest so far ...
 FIRST_STALL_TIMEOUTS = 10.0  # ... or this many hang timeouts before one has finished
-_PROC_STATE = {"stopped": "stopped (SIGSTOP, a debugger)", "frozen": "frozen (a cgroup freezer)",
-               "blocked": "in uninterruptible kernel sleep"}
 # a collective that failed because its peer went away (gloo, NCCL): the dying rank is a victim
 _BY_PEER = re.compile(r"(reset|closed) by peer|remote process exited|peer .*(closed|exited)",
                       re.IGNORECASE)
@@ -360,7 +359,7 @@ class HangDetector(Stateful):
                 busy.discard(rank)
                 first_op = min(hb.inflight, key=lambda op: op.start_ns)
                 stopped_in[rank] = (f"{first_op.name} of {first_op.group}, its process "
-                                    f"{_PROC_STATE[hb.proc_state]}")
+                                    f"{PROC_STATE[hb.proc_state]}")
                 continue
             long_ops = [op for op in hb.inflight if now_ns - op.start_ns > limit]
             if settling:
@@ -414,7 +413,7 @@ class HangDetector(Stateful):
                          f"{allowed / NS_PER_S:.0f} s such a stall was given")
             elif last_hb is not None and last_hb.proc_state:
                 state = (f"inside {stopped_in[culprit_rank]}" if culprit_rank in stopped_in
-                         else f"no op in flight, its process {_PROC_STATE[last_hb.proc_state]}")
+                         else f"no op in flight, its process {PROC_STATE[last_hb.proc_state]}")
             else:
                 state = ("silent" if silent else
                          f"alive, inside {stopped_in[culprit_rank]} that its peers finished"

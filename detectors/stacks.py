@@ -32,11 +32,14 @@ from schemas.wire import HeartbeatV1, StackGroup
 MAX_GROUPS = 24  # distinct stacks shown; the rest are the least telling (other threads)
 MAX_INTERNED = 4096  # distinct frame lists kept before the table is rebuilt from live ones
 
+# what a rank's node says of a process that cannot run (heartbeat `proc_state`)
+PROC_STATE = {
+    "stopped": "stopped (SIGSTOP or a debugger)",
+    "frozen": "frozen by a cgroup freezer",
+    "blocked": "in uninterruptible kernel sleep (a cgroup freezer, stuck I/O or a driver call)",
+}
 NOTE = {
-    "stopped": "process stopped (SIGSTOP or a debugger): it cannot answer",
-    "frozen": "process frozen by a cgroup freezer: it cannot answer",
-    "blocked": "process in uninterruptible kernel sleep (a cgroup freezer, stuck I/O or a "
-               "driver call): it cannot answer",
+    **{state: f"process {what}: it cannot answer" for state, what in PROC_STATE.items()},
     "": "no stack since the hang began: not traced, its agent is away, or it is stuck in "
         "native code that holds the interpreter",
 }

@@ -368,10 +368,14 @@ class AgentCore:
             if len(self._started) > 10_000:
                 self._started.clear()
             self._started.add(hello.job)
-            out.append(self._job_event(hello.job, "start", hello.world_size,
-                                       self.switch_of_node, job_nodes(hello.job_nodes),
-                                       self._layouts.get(hello.job)))
+            out.append(self._start_event(hello))
         return out
+
+    def _start_event(self, hello: Hello) -> Message:
+        """Rank 0's job start: its size, the cluster's topology, the job's nodes and, once
+        known, its layout."""
+        return self._job_event(hello.job, "start", hello.world_size, self.switch_of_node,
+                               job_nodes(hello.job_nodes), self._layouts.get(hello.job))
 
     def _start_with_layout(self, hello: Hello, layout: Layout) -> list[Message]:
         """The job's start again, now with the layout rank 0's tagged groups tell.
@@ -386,8 +390,7 @@ class AgentCore:
         if len(self._layouts) > 10_000:
             self._layouts.clear()
         self._layouts[hello.job] = layout
-        return [self._job_event(hello.job, "start", hello.world_size, self.switch_of_node,
-                                job_nodes(hello.job_nodes), layout)]
+        return [self._start_event(hello)]
 
     def _job_event(self, job: str, event: str, world_size: int = 0,
                    switch_of_node: dict[str, str] | None = None,
