@@ -44,7 +44,7 @@ from detectors.features import StepFeatures, step_features
 from detectors.hang import EXIT_GRACE, HangDetector, HangFinding
 from detectors.incidents import IncidentBook, OpenIncident
 from detectors.irregularity import LEVEL_STEPS, WARMUP, StepTimeBaseline
-from detectors.network_suspects import Topology, transfer_reference
+from detectors.network_suspects import Topology, reference_and_peers
 from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
 from detectors.reconcile import NETWORK_KINDS, Placement, covering, spread_of
@@ -52,6 +52,7 @@ from detectors.rows import group_rows, rank_rows
 from detectors.stacks import StackBook, where_phrase
 from detectors.stalls import stall_seconds
 from detectors.suspects import step_suspects
+from detectors.transfer_history import TransferHistory
 from detectors.untraced_suspects import WaitHistory, untraced_home
 from detectors.whatif import JobCost, UsualStep, job_cost, step_span_s
 from schemas import InvalidMessage
@@ -94,6 +95,7 @@ class JobDiagnoser(Stateful):
         self.steps_seen = 0
         self.world = 0
         self._job_before_s = 0.0  # the step time a job-wide shift left
+        self.transfers = TransferHistory()  # each transfer's own past (jobs of few instances)
         self.usual = UsualStep()  # the healthy step, for a counterfactual's transfers and starts
         self.budget = StepBudget()
         # A job's `end` event is final only after a grace: a rank's last steps can still be
@@ -283,13 +285,17 @@ class JobDiagnoser(Stateful):
         irr = self.baseline.update(step_time)
         stages = stage_keys(frame)
         ratio = compute_ratio(frame, feats, stages)
-        ref = transfer_reference(feats.inst)
+        ref, peers = reference_and_peers(feats.inst)
+        own = self.transfers.reference(frame, feats.inst, peers)
         if not any(k[0] in NETWORK_KINDS for k in self.book.open):
             self.usual.update(frame, feats)
+            self.transfers.learn(frame, feats.inst, ref, peers, own)
+        else:
+            self.transfers.drop_recent()
         if not self.book.open:
             self.usual.update_starts(frame)
         cands = step_suspects(
-            frame, feats, ratio, self.topology, ref, self.noise, stages, self.waits
+            frame, feats, ratio, self.topology, ref, self.noise, stages, self.waits, own
         )
         keep = {(culprit, kind) for kind, culprit in self.book.open}  # tracker keys
         # The job's first steps are its warm-up (allocators, caches, the first batches), and

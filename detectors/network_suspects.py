@@ -47,6 +47,7 @@ _NET_SIGMA_FLOOR = 0.03  # healthy transfers jitter ≈3% (as the simulator's No
 _NET_MIN_RATIO = np.log(1.1)  # a transfer 10% over its peers is the smallest we blame
 _NET_ROUNDS = 3  # entities found per step at most: concurrent faults, not every bystander
 _NODE_TIE = 0.95  # a node within 5% of the best one's score is a tie
+_OVER_TOP = 2.0  # twice the slowest transfer of its own past is new whatever its spread
 
 
 @dataclass(slots=True)
@@ -57,6 +58,32 @@ class Topology:
     nodes: tuple[str, ...] = ()  # every node of the job, reporting or not (may be empty)
     group_size: dict[str, int] = field(default_factory=dict)  # members per group kind (layout)
     world: int = 0  # ranks in the job (start event); fewer reporting means partial tracing
+
+
+@dataclass(slots=True)
+class OwnPast:
+    """(I,) arrays: each instance's usual transfer, log-space noise and slowest transfer by
+    its own past (`transfer_history.TransferHistory`); NaN where it has too little past."""
+
+    ref: np.ndarray
+    sigma: np.ndarray
+    top: np.ndarray
+
+    def slow(self, transfer_s: np.ndarray) -> np.ndarray:
+        """(I,) bool: slower than its own past allows (False where it has none): over its
+        slowest and 3σ over its usual, or `new`."""
+        known = np.isfinite(self.ref) & (self.ref > 0)
+        ell = np.log(np.maximum(transfer_s, 1e-12) / np.where(known, self.ref, 1.0))
+        bar = np.maximum(3 * np.maximum(np.nan_to_num(self.sigma), _NET_SIGMA_FLOOR),
+                         _NET_MIN_RATIO)
+        top = np.nan_to_num(self.top, nan=np.inf)
+        return known & (((ell > bar) & (transfer_s > top)) | self.new(transfer_s))
+
+    def new(self, transfer_s: np.ndarray) -> np.ndarray:
+        """(I,) bool: twice its slowest past transfer, whatever its spread: a small
+        transfer's past on a busy host is bimodal (0.2 ms, or a few ms when its thread was
+        descheduled), its MAD ×6, and only this says that 270 ms is a fault."""
+        return transfer_s > _OVER_TOP * np.nan_to_num(self.top, nan=np.inf)
 
 
 def layout_sizes(groups: list[str], group_size: dict[str, int]) -> np.ndarray:
@@ -73,39 +100,94 @@ def transfer_reference(inst: Instances) -> np.ndarray:
     The lower quartile, not the median: a congested switch under half of the nodes slows
     half of the instances of every signature, and the reference must stay healthy.
     """
+    return reference_and_peers(inst)[0]
+
+
+def reference_and_peers(inst: Instances) -> tuple[np.ndarray, np.ndarray]:
+    """`transfer_reference`, and (I,) how many instances of each one's signature the step
+    ran (itself included; 0 for one that is not comparable: within one node, or seen from
+    one copy)."""
     ref = np.full(inst.transfer_s.size, np.nan)
+    count = np.zeros(inst.transfer_s.size, dtype=np.int64)
     idx = np.flatnonzero(inst.cross_node & (inst.n_copies >= 2))
-    if idx.size < 3:
-        return ref
+    if idx.size == 0:
+        return ref, count
+    sig, n_sig = _signatures(inst, idx)
+    count[idx] = np.bincount(sig, minlength=n_sig)[sig]
+    ok = count[idx] >= 3
+    if ok.any():
+        med = grouped_quantile(inst.transfer_s[idx], sig, n_sig, REF_QUANTILE)
+        ref[idx[ok]] = med[sig[ok]]
+    return ref, count
+
+
+def _signatures(inst: Instances, idx: np.ndarray) -> tuple[np.ndarray, int]:
+    """The signature code of each instance `idx` names (kind, op, bytes, copies), and how
+    many there are."""
     _, bcode = int_codes(inst.bytes[idx])
     n_names = int(inst.name[idx].max()) + 1
     key = (inst.kind[idx].astype(np.int64) * n_names + inst.name[idx]) * (int(bcode.max()) + 1)
     key = (key + bcode) * (1 << 24) + np.minimum(inst.n_copies[idx], (1 << 24) - 1)
     _, sig = int_codes(key)
-    n_sig = int(sig.max()) + 1
-    med = grouped_quantile(inst.transfer_s[idx], sig, n_sig, REF_QUANTILE)
-    ok = np.bincount(sig, minlength=n_sig)[sig] >= 3
-    ref[idx[ok]] = med[sig[ok]]
-    return ref
+    return sig, int(sig.max()) + 1
+
+
+def step_excess(transfer_s: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:
+    """(n,) each transfer's log excess over its same-step reference (NaN where it has none)
+    and their pooled noise σ (never under the floor).
+
+    Noise from the healthy side only: ℓ is relative to each signature's lower quartile, so
+    the pooled 10th percentile sits at ≈ -0.607σ even when most instances are slow."""
+    has = np.isfinite(ref) & (ref > 0)
+    ell = np.where(has, np.log(np.maximum(transfer_s, 1e-12) / np.where(has, ref, 1.0)), np.nan)
+    s_pool = float(-np.quantile(ell[has], 0.10)) / _Q10_BELOW_Q25 if has.sum() >= 3 else 0.0
+    return ell, max(s_pool, _NET_SIGMA_FLOOR)
+
+
+def slow_within_step(transfer_s: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """(n,) bool: slower than its step's peers allow (`step_excess`: 3σ, and 10% at least;
+    False without a same-step reference)."""
+    ell, s_pool = step_excess(transfer_s, ref)
+    return np.nan_to_num(ell, nan=0.0) > max(3 * s_pool, _NET_MIN_RATIO)
 
 
 def network_suspects(
-    frame: StepFrame, feats: StepFeatures, topo: Topology, full_ref: np.ndarray, out: Candidates
+    frame: StepFrame,
+    feats: StepFeatures,
+    topo: Topology,
+    full_ref: np.ndarray,
+    out: Candidates,
+    own: OwnPast | None = None,
 ) -> None:
     """Add the step's `link` (NIC or node pair) and `switch` suspects to `out`; `full_ref` is
-    `transfer_reference(feats.inst)`."""
+    `transfer_reference(feats.inst)`, `own` each instance's own past
+    (`TransferHistory.reference`).
+
+    An instance its step cannot compare is judged by its own past alone; one with both must
+    be slow against both (few peers make the step's comparison fragile, and a job-wide
+    slowdown makes every instance slow against its past)."""
     inst = feats.inst
-    idx = np.flatnonzero(np.isfinite(full_ref) & (full_ref > 0))
+    nan = np.full(inst.transfer_s.size, np.nan)
+    own = own if own is not None else OwnPast(nan, nan, nan)
+    in_step = np.isfinite(full_ref) & (full_ref > 0)
+    has_own = np.isfinite(own.ref) & (own.ref > 0)
+    idx = np.flatnonzero(in_step | has_own)
     if idx.size < 3:
         return
-    ref = full_ref[idx]
-    ell = np.log(np.maximum(inst.transfer_s[idx], 1e-12) / ref)
-    # noise from the healthy side only: ℓ is relative to each signature's lower quartile,
-    # so the pooled 10th percentile sits at ≈ -0.607σ even when most instances are slow
-    s_ell = max(float(-np.quantile(ell, 0.10)) / _Q10_BELOW_Q25, _NET_SIGMA_FLOOR)
-    e = np.where(ell > max(3 * s_ell, _NET_MIN_RATIO), ell, 0.0)
+    in_step, has_own = in_step[idx], has_own[idx]
+    t = inst.transfer_s[idx]
+    ell_step, s_pool = step_excess(t, full_ref[idx])
+    ell_own = np.log(np.maximum(t, 1e-12) / np.where(has_own, own.ref[idx], np.nan))
+    s_own = np.maximum(np.nan_to_num(own.sigma[idx], nan=0.0), _NET_SIGMA_FLOOR)
+    slow_step = ~in_step | slow_within_step(t, full_ref[idx])
+    slow_own = ~has_own | own.slow(inst.transfer_s)[idx]
+    ell = np.fmin(ell_step, ell_own)  # the smaller excess of the two views
+    e = np.where(slow_step & slow_own, ell, 0.0)
+    # significance in the units of the view that judged it: the step's, else its own past's
+    s_each = np.where(in_step, s_pool, s_own)
     if not e.any():
         return
+    ref = inst.transfer_s[idx] / np.exp(ell)
     extra_s = np.where(e > 0, inst.transfer_s[idx] - ref, 0.0)
     # incidence of usable instances with nodes (through their copies)
     pos = np.full(inst.transfer_s.size, -1)
@@ -188,7 +270,7 @@ def network_suspects(
         score = np.where(cnt > 0, np.maximum(s_in - s_out, 0.0) * sums / total, 0.0)
         score[refuted] = 0.0
         best = int(np.argmax(score))
-        z = score[best] / s_ell
+        z = score[best] / float(np.median(s_each[ii[ie == best]]))
         if z < Z_REPORT:
             break
         if ent_kinds[best] == "link" and ent_nodes[best].size == 1:

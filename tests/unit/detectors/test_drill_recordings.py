@@ -95,3 +95,23 @@ def test_a_significant_slowdown_that_costs_nothing_opens_no_incident():
     the right one. The job would be no faster without it, so it is no incident."""
     assert [(k, c) for _o, k, c in _device_incidents("all-throttled-rank2-nic-noise.jsonl.gz")
             ] == [("gpu", "rank:2")]
+
+
+def test_a_nic_is_named_when_each_step_runs_two_of_each_transfer():
+    """Node-1's NIC held to 20 Mbit/s, one rank per node traced: a step has two traced
+    data-parallel all-reduces across nodes and two of each pipeline send, too few to tell
+    within the step which is slow. Every traced transfer through node-1 ran ×50–500 its own
+    usual, and it read as a "job-wide shift, no device to blame"."""
+    [(opened, kind, culprit)] = _device_incidents("tp0-nic-node-1.jsonl.gz")
+    assert (kind, culprit) == ("link", "node:node-1")
+    assert ONSET - 1 <= opened <= ONSET + 3
+
+
+def test_a_nic_whose_every_traced_transfer_is_lone_is_named_and_not_before():
+    """The same fault with half the ranks traced: the only transfers seen from both ends all
+    pass through node-1, and the second micro-batch's pipeline send is ×10 its peers in every
+    healthy step. Judged by the kind's usual transfer it paged for node-1 at step 9, 18 steps
+    before the fault; each transfer is now held to its own past."""
+    [(opened, kind, culprit)] = _device_incidents("half-nic-node-1.jsonl.gz")
+    assert (kind, culprit) == ("link", "node:node-1")
+    assert ONSET - 1 <= opened <= ONSET + 3
