@@ -41,12 +41,13 @@ class Condition:
         return replace(sc, job=f"{sc.job}@{self.name}", **changes)
 
     def applies_to(self, sc: Scenario) -> bool:
-        """A node cannot go dark on a one-node job (nobody would be left to report), nor a
-        second fault find a node of its own; a second fault needs a first one."""
+        """A node cannot go dark on a one-node job (nobody would be left to report). A second
+        fault needs a first one, and a node the first does not touch: a pipeline link holds
+        two nodes, so a two-node job has none left (`flare eval --gpus 16` stopped there)."""
         changes = dict(self.changes)
         if changes.get("traced") == "node_dark" and sc.layout.n_nodes < 2:
             return False
-        return "fault2" not in changes or (sc.fault is not None and sc.layout.n_nodes >= 2)
+        return "fault2" not in changes or (sc.fault is not None and sc.layout.n_nodes >= 3)
 
 
 # Values in the ranges real jobs show (issue #11): steps of 0.5-60 s, a last stage 1.2-1.6×,

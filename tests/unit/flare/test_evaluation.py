@@ -219,3 +219,16 @@ def test_a_fault_run_is_scored_for_cost_against_the_same_run_without_its_fault()
     assert r.cost_actual is not None and r.cost_actual > 0
     hang = run_scenario(next(iter(fault_scenarios([8], 1, ["hang_rank"]))))
     assert hang.top1 and hang.cost_estimate is None and hang.cost_actual is None
+
+
+def test_a_second_fault_is_drawn_only_where_a_node_is_left_for_it():
+    """At 16 GPUs (two nodes) a slow pipeline link holds both nodes: the simulator found no
+    place for the second fault and `flare eval --gpus 16 --conditions all` stopped there."""
+    from flare.eval_conditions import condition_scenarios, parse_conditions
+    from producers.simulator import ClusterSimulator
+
+    pairs = condition_scenarios(parse_conditions("two_faults"), [16, 32], 1, 0)
+    assert pairs and {sc.layout.n_nodes for _c, sc in pairs} == {4}
+    for _c, sc in pairs:
+        sim = ClusterSimulator(sc)  # draws where the second fault goes
+        assert len(sim.plans) == 2
