@@ -25,6 +25,8 @@ def register(app: typer.Typer) -> None:
         steps_after: int = typer.Option(40, help="steps trained with the fault"),
         seed: int = typer.Option(0, help="picks the faulty rank or node"),
         repeat: int = typer.Option(1, min=1, help="drills to run, with seeds seed, seed+1, ..."),
+        batch: int = typer.Option(24, min=1, help="sequences per microbatch: each step's "
+                                             "work (steps of 10 s and more: see the README)"),
         cpus: float = typer.Option(0.1, help="slow-rank: its CPU quota, in CPUs"),
         mbit: float = typer.Option(20.0, help="nic: the rate its NIC is held to, Mbit/s"),
         traced: str = typer.Option(
@@ -50,6 +52,7 @@ def register(app: typer.Typer) -> None:
         try:
             spec = DrillSpec(fault=fault, ranks=ranks, nodes=nodes, pp=pp,
                              steps_before=steps_before, steps_after=steps_after, seed=seed,
+                             batch=batch,
                              cpus=cpus, mbit=mbit, traced=traced, comm_only=comm_only,
                              workdir=workdir)
         except ValueError as exc:
@@ -90,6 +93,7 @@ def _show(res: DrillResult, as_json: bool) -> None:
             "false_device_incidents": res.false_device,
             "incidents": sorted(res.incidents, key=lambda i: (i.opened_step, i.id)),
             "steps": res.steps,
+            "step_s": round(res.step_s, 3),
             "rootless": res.rootless,
             "recording": str(res.recording),
             "messages_sent": res.sent,

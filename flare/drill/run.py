@@ -51,8 +51,12 @@ ROOTLESS_FAULTS = ("none", "freeze", "kill")
 # what a correct diagnosis of each fault reports: (incident kind, entity kind of the culprit)
 EXPECTED_KIND = {"slow-rank": "gpu", "nic": "link", "flapping-nic": "link", "freeze": "hang",
                  "kill": "hang"}
-HANG_WAIT_S = 30.0  # a hang is left this long: past Flare's hang timeout (10 s floor) + beats
+# A hang is left this long: past Flare's hang timeout (10 s, or 3 step times on long steps)
+# and the heartbeats that show it; `hang_wait_s` scales it with the drill's own steps.
+HANG_WAIT_S = 30.0
+HANG_WAIT_STEPS = 5.0
 KILL_WAIT_S = 10.0  # after a kill, its peers fail in their collectives within seconds
+STALL_S = 120.0  # a job that finishes no step for this long (or 10 of its steps) is stuck
 
 
 class DrillError(RuntimeError):
@@ -142,6 +146,7 @@ class DrillResult:
     received: int = 0  # messages the broker held at the end (the recording diagnosed)
     found: IncidentV1 | None = None  # the first incident opened at or after the fault
     false_device: list[IncidentV1] = field(default_factory=list)
+    step_s: float = 0.0  # the job's seconds per step before the fault
 
     @property
     def passed(self) -> bool:
@@ -202,16 +207,17 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
         agents = [_agent(h, out, broker.bootstrap, stack) for h in hosts]
         ranks = _ranks(spec, hosts, job, out, stack)
         say(f"training: {spec.ranks} ranks on {len(hosts)} node(s), job {job}")
-        _wait_steps(agents[0], spec.steps_before, ranks, spec)
+        step_s = _wait_steps(agents[0], spec.steps_before, ranks, spec)
+        say(f"{step_s:.2f} s per step")
         truth, fault = _fault(spec, rng, hosts, ranks, agents)
         if fault is not None:
             stack.callback(fault.undo)
             fault.apply()
             say(f"fault {spec.fault} on {truth.culprit} from step {truth.onset_step}")
         if spec.fault == "freeze":
-            time.sleep(HANG_WAIT_S)
+            time.sleep(hang_wait_s(step_s))
         elif spec.fault == "kill":
-            time.sleep(KILL_WAIT_S)
+            time.sleep(max(KILL_WAIT_S, 2 * step_s))
         else:
             _wait_steps(agents[0], spec.steps_before + spec.steps_after, ranks, spec)
         if spec.fault == "freeze":
@@ -235,7 +241,7 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
     say(f"{sent} messages sent, {received} received by the broker, {steps} job steps "
         "diagnosed")
     return DrillResult(truth, incidents, steps, rootless, recording, sent, received, found,
-                       false_device)
+                       false_device, step_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,17 +369,38 @@ def _newest_step(agent: _Agent) -> int:
     return max(newest_steps([agent.out]).values(), default=-1)
 
 
+def hang_wait_s(step_s: float) -> float:
+    """How long a frozen rank is left frozen: past Flare's hang timeout, which is the longer
+    of 10 s and 3 of the job's step times, with time for the heartbeats that show it."""
+    return max(HANG_WAIT_S, HANG_WAIT_STEPS * step_s)
+
+
 def _wait_steps(agent: _Agent, step: int, ranks: list[subprocess.Popen[bytes]],
-                spec: DrillSpec) -> None:
-    deadline = time.monotonic() + 120 + 5 * step
-    while _newest_step(agent) < step:
+                spec: DrillSpec) -> float:
+    """Wait until `agent`'s node finished `step`; the seconds per step it took since the
+    first step seen. Steps of any length: only a job that stops finishing steps is stuck."""
+    start = now = time.monotonic()
+    newest, first, first_at = _newest_step(agent), None, now
+    progress_at = now
+    while newest < step:
         failed = [i for i, p in enumerate(ranks) if p.poll() not in (None, 0)]
         if failed:
             raise DrillError(f"rank {failed[0]} exited before step {step}: see "
                              f"rank{failed[0]}.log in {spec.workdir}")
-        if time.monotonic() > deadline:
-            raise DrillError(f"the job did not reach step {step} in time")
+        per_step = (now - first_at) / max(newest - first, 1) if first is not None else 0.0
+        if now - progress_at > max(STALL_S, 10 * per_step):
+            raise DrillError(f"the job did not reach step {step}: no step finished in "
+                             f"{now - progress_at:.0f} s (step {newest} was the newest)")
         time.sleep(0.25)
+        now = time.monotonic()
+        seen = _newest_step(agent)
+        if seen > newest:
+            newest, progress_at = seen, now
+            if first is None:
+                first, first_at = seen, now
+    if first is None or newest <= first:
+        return (time.monotonic() - start) / max(step, 1)
+    return (now - first_at) / (newest - first)
 
 
 def _fault(spec: DrillSpec, rng: random.Random, hosts: list[Host],

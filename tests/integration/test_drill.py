@@ -83,6 +83,7 @@ def test_a_clean_drill_opens_no_device_incident_and_says_so_as_json(tmp_path: Pa
     assert verdict["passed"] is True and verdict["truth"]["culprit"] is None
     assert [i for i in verdict["incidents"] if i["kind"] != "job"] == []
     assert verdict["steps"] >= SHORT["steps_before"] + SHORT["steps_after"]
+    assert 0 < verdict["step_s"] < 30  # the job's own step time, which the drill's waits scale by
     assert verdict["messages_received"] == verdict["messages_sent"] > 0
 
 

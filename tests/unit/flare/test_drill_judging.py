@@ -12,8 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+import pytest
 
-from flare.drill.run import Truth, fault_onset, judge, newest_steps, without_compute
+from flare.drill.run import (
+    Truth,
+    fault_onset,
+    hang_wait_s,
+    judge,
+    newest_steps,
+    without_compute,
+)
 from producers.recording import recording_line
 from schemas.wire import IncidentV1, Suspect
 
@@ -75,3 +83,15 @@ def test_a_communication_only_recording_keeps_every_transfer_and_no_compute(tmp_
         "kind": ["coll", "p2p"], "name": ["all_reduce", "send"], "group": ["tp.0", "pp.0.0-1"],
         "seq": [0, 0], "start_ns": [2, 7], "dur_ns": [2, 1], "bytes": [8, 4],
         "issue_ns": [5, 6]}
+
+
+@pytest.mark.parametrize("step_s", [0.4, 10.0, 60.0])
+def test_a_frozen_rank_is_left_frozen_past_the_hang_timeout_of_its_own_steps(step_s):
+    """Flare's hang timeout is the longer of a floor and a few of the job's step times: a
+    drill of 10 s steps that thawed its rank after a fixed 30 s judged Flare before it could
+    have seen a hang."""
+    from detectors.config import DetectorConfig
+
+    cfg = DetectorConfig()
+    timeout = max(cfg.hang_timeout_s, cfg.hang_timeout_steps * step_s)
+    assert hang_wait_s(step_s) >= timeout + step_s
