@@ -41,7 +41,7 @@ from detectors.config import DetectorConfig
 from detectors.evidence import LONG_WINDOW, EvidenceTracker, Track
 from detectors.explain import summarize
 from detectors.features import StepFeatures, step_features
-from detectors.hang import EXIT_GRACE, HangDetector, HangFinding
+from detectors.hang import EXIT_GRACE, FIRST_STALL_TIMEOUTS, HangDetector, HangFinding
 from detectors.incidents import IncidentBook, OpenIncident
 from detectors.irregularity import LEVEL_STEPS, WARMUP, StepTimeBaseline
 from detectors.network_suspects import Topology, reference_and_peers
@@ -192,8 +192,15 @@ class JobDiagnoser(Stateful):
         return out if self.ended else out.extend(self._check_hang())
 
     def _hang_timeout(self) -> float:
-        """Seconds without progress that make a hang: in the job's own step times."""
-        return max(self.config.hang_timeout_s, self.config.hang_timeout_steps * self._baseline_s())
+        """Seconds without progress that make a hang: in the job's own step times. Before
+        the job's first step is assembled its step time is unknown, and a rank of a 60 s
+        step computes for tens of seconds with no op in flight: until then the floor is
+        `FIRST_STALL_TIMEOUTS` times longer (clean 16-64-GPU jobs of 60 s steps opened a
+        hang in step 0)."""
+        floor = self.config.hang_timeout_s
+        if self.steps_seen == 0:
+            floor *= FIRST_STALL_TIMEOUTS
+        return max(floor, self.config.hang_timeout_steps * self._baseline_s())
 
     def _check_hang(self) -> DiagnoserOutput:
         out = self._open_hang(self.hang.check(self.now_ns, self._hang_timeout()))

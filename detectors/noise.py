@@ -42,6 +42,10 @@ class NoiseMemory(Stateful):
     (leave one out), as a peer comparison means; larger groups use the whole pool, where one
     entity's share is too small to matter and the per-entity work would not be.
 
+    A family of one pair only (one stage of two traced ranks, nothing else to compare) has
+    nobody left to leave in: its entries are judged by the median of the pool's σ over the
+    last `depth` steps, which a slow rank's own residuals widen only after half of them.
+
     Ranks use it; nodes and hosts do not yet. Node-level wobble (MoE imbalance, data) moves
     nodes in correlated pairs, and leaving only one of a pair out turned one false `node`
     incident of `flare eval --gpus 16,32,64` into two while gaining one slow node of 27.
@@ -50,6 +54,7 @@ class NoiseMemory(Stateful):
     def __init__(self, depth: int = 10) -> None:
         self.depth = depth
         self._hist: dict[str, deque[tuple[np.ndarray, np.ndarray | None]]] = {}
+        self._past_sigma: dict[str, deque[float]] = {}  # each family's pool σ, step by step
 
     def _remember(
         self, family: str, values: np.ndarray, ids: np.ndarray | None
@@ -94,4 +99,11 @@ class NoiseMemory(Stateful):
         enough = others.sum(axis=1) >= 3
         others[~enough] = True  # too few others: the whole pool
         loo = robust_sigma_rows(np.where(others, pool[None, :], np.nan), floor)
-        return np.where(enough, loo, out)
+        past = self._past_sigma.setdefault(family, deque(maxlen=self.depth))
+        past.append(float(out[0]))
+        # With too few others the pool is the entity's own and its mirror's: once it is
+        # slow, its own residuals widen the σ it is judged by, step after step (a rank at a
+        # tenth of a core went from z 6 to 3 in three steps). The median of the pool's σ
+        # over the last `depth` steps lags that by half of them; a fault is confirmed in
+        # fewer.
+        return np.where(enough, loo, float(np.median(past)))

@@ -348,3 +348,28 @@ def test_a_large_step_is_priced_every_few_evidence_steps_at_about_the_same_cost(
     assert sparse[2] == pytest.approx(full[2], rel=0.1)
     assert sorted(set(full[3])) == sorted(set(range(min(full[3]), frames[-1].step + 1)))
     assert np.diff(sorted(set(sparse[3]))).tolist() == [every] * (len(set(sparse[3])) - 1)
+
+
+def test_a_clean_job_of_60_s_steps_opens_no_hang_in_its_first_step():
+    """Before the first step is assembled the job's step time is unknown. A rank of a 60 s
+    step computes for tens of seconds with no op in flight while its pipeline peers wait on
+    it: with the 10 s floor every clean 16-GPU job of such steps opened a hang in step 0."""
+    sc = replace(_scenario(None, gpus=16, steps=12), step_time_s=60.0, heartbeats=True)
+    r = run_scenario(sc)
+    assert [(i["kind"], i["culprit"]) for i in r.incidents if i["kind"] != "job"] == []
+
+
+def test_a_job_that_hangs_before_its_first_step_is_still_a_hang():
+    """...and a rank that stops there is still named, after ten of the floor's timeouts:
+    rank 2 never joins the first all-reduce of tp.0, which ranks 0 and 1 wait in."""
+    d = JobDiagnoser("j")
+    d.hang.learn_members("tp.0", {0, 1, 2})
+    ops = [InflightOp(group="tp.0", name="all_reduce", seq=0, start_ns=10**9)]
+    opened = []
+    for t in range(1, 130):
+        for rank in (0, 1, 2):
+            hb = HeartbeatV1(v=1, job="j", rank=rank, node="n0", ts_ns=t * 10**9, step=0,
+                             inflight=ops if rank != 2 else [])
+            opened += [(t, i.kind, i.culprit) for i in d.on_heartbeat(hb).incidents]
+    first = opened[0]
+    assert first[1:] == ("hang", "rank:2") and 100 <= first[0] <= 115

@@ -115,3 +115,13 @@ def test_a_nic_whose_every_traced_transfer_is_lone_is_named_and_not_before():
     [(opened, kind, culprit)] = _device_incidents("half-nic-node-1.jsonl.gz")
     assert (kind, culprit) == ("link", "node:node-1")
     assert ONSET - 1 <= opened <= ONSET + 3
+
+
+def test_a_throttled_rank_whose_stage_is_a_lone_pair_is_named():
+    """Half the ranks traced: rank 2's stage has one other traced rank (rank 0) and no other
+    stage of the job compares the same way, so leaving the pair out of the noise pool left
+    nobody. The throttle's own residuals then widened the σ it was judged by (z 6.0, 4.7,
+    3.9, then nothing) and it was never confirmed: a "job-wide shift"."""
+    [(opened, kind, culprit)] = _device_incidents("half-throttled-rank2-lone-pair.jsonl.gz")
+    assert (kind, culprit) == ("gpu", "rank:2")
+    assert ONSET - 1 <= opened <= ONSET + 3

@@ -87,3 +87,23 @@ def test_a_slow_ranks_only_peer_is_its_mirror_and_left_out_of_its_spread():
         s_alone = alone.sigma_each("gpu_vs_stage", v, ids, 0.004, partners)
         s_mirrored = mirrored.sigma_each("gpu_vs_stage", v, ids, 0.004)
     assert s_mirrored[1] > 1.8 * s_alone[1]  # the mirror about doubles the slow rank's σ
+
+
+def test_a_lone_pair_is_judged_by_the_spread_its_pool_had_before_it_turned_slow():
+    """One stage of two traced ranks and nothing else in the family: leaving out the rank
+    and its mirror leaves nobody, and the whole pool is then theirs. Once one is slow its
+    own residuals widen the σ it is judged by, step after step (a rank at a tenth of a core
+    went from z 6 to 3 in three steps and was never confirmed). The pool's σ of `depth`
+    steps ago holds none of them yet."""
+    rng = np.random.default_rng(3)
+    ids, partners = np.array([0, 2]), np.array([2, 0])
+    memory = NoiseMemory(depth=10)
+    for _ in range(20):  # healthy: the pair's own jitter
+        e = rng.normal(0.0, 0.1)
+        calm = memory.sigma_each("gpu_vs_stage", np.array([-e, e]), ids, 0.004, partners)
+    z = []
+    for _ in range(6):  # rank 2 at +0.55 from now on
+        e = 0.55 + rng.normal(0.0, 0.05)
+        s = memory.sigma_each("gpu_vs_stage", np.array([-e, e]), ids, 0.004, partners)
+        z.append(e / s[1])
+    assert s[1] <= 1.5 * calm[1] and min(z) > 4  # still significant after six steps
