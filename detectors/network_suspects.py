@@ -2,10 +2,12 @@
 
 A collective instance's shortest copy is its transfer (`features.Instances`); each is compared
 with the instances of the same signature (kind, op, bytes, members, cross-node) in the SAME
-step, so a job-wide slowdown cancels. Every network entity (a node's NIC, a p2p node pair, a
-leaf switch when the job start told us the topology) touches some instances; the entity
-whose instances are slow AND that explains most of the slow instances wins, its instances are
-explained away, and the rest is searched again (a few rounds, for concurrent faults).
+step, so a job-wide slowdown cancels; where a step has too few of a signature, with the
+instance's own past too (`transfer_history`, `OwnPast`). Every network entity (a node's NIC,
+a p2p node pair, a leaf switch when the job start told us the topology) touches some
+instances; the entity whose instances are slow AND that explains most of the slow instances
+wins, its instances are explained away, and the rest is searched again (a few rounds, for
+concurrent faults).
 
 Four nodes of one rank each, one all-reduce per pair of nodes; every transfer through node n3
 takes 40 ms instead of 10 ms:
