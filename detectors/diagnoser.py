@@ -293,10 +293,10 @@ class JobDiagnoser(Stateful):
         stages = stage_keys(frame)
         ratio = compute_ratio(frame, feats, stages)
         ref, peers = reference_and_peers(feats.inst)
-        own = self.transfers.reference(frame, feats.inst, peers)
-        if not any(k[0] in NETWORK_KINDS for k in self.book.open):
+        healthy_net = not any(k[0] in NETWORK_KINDS for k in self.book.open)
+        own = self.transfers.observe(frame, feats.inst, ref, peers, learn=healthy_net)
+        if healthy_net:
             self.usual.update(frame, feats)
-            self.transfers.learn(frame, feats.inst, ref, peers, own)
         else:
             self.transfers.drop_recent()
         if not self.book.open:

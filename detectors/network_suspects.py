@@ -149,7 +149,10 @@ def step_excess(transfer_s: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, fl
 def slow_within_step(transfer_s: np.ndarray, ref: np.ndarray) -> np.ndarray:
     """(n,) bool: slower than its step's peers allow (`step_excess`: 3σ, and 10% at least;
     False without a same-step reference)."""
-    ell, s_pool = step_excess(transfer_s, ref)
+    return _over_step_bar(*step_excess(transfer_s, ref))
+
+
+def _over_step_bar(ell: np.ndarray, s_pool: float) -> np.ndarray:
     return np.nan_to_num(ell, nan=0.0) > max(3 * s_pool, _NET_MIN_RATIO)
 
 
@@ -181,7 +184,7 @@ def network_suspects(
     ell_step, s_pool = step_excess(t, full_ref[idx])
     ell_own = np.log(np.maximum(t, 1e-12) / np.where(has_own, own.ref[idx], np.nan))
     s_own = np.maximum(np.nan_to_num(own.sigma[idx], nan=0.0), _NET_SIGMA_FLOOR)
-    slow_step = ~in_step | slow_within_step(t, full_ref[idx])
+    slow_step = ~in_step | _over_step_bar(ell_step, s_pool)
     slow_own = ~has_own | own.slow(inst.transfer_s)[idx]
     ell = np.fmin(ell_step, ell_own)  # the smaller excess of the two views
     e = np.where(slow_step & slow_own, ell, 0.0)

@@ -15,7 +15,8 @@ not slow against its own past, so an instance with both must be slow against bot
 
 An instance is known across steps by its group, op, size, the copies seen and its place among
 its group's instances in the step. Its reference is the median of its last `depth` transfers,
-its noise their MAD in log space, and its `top` the slowest of them (`OwnPast.slow`).
+its noise their MAD in log space, and its `top` the slowest of them (`OwnPast.slow`). One
+call a step (`observe`) reads the past and adds the step to it.
 
 What the past holds must stay healthy, or a fault becomes its own reference:
 - a step is remembered `delay` steps late, and the steps still waiting are dropped while a
@@ -46,11 +47,10 @@ usual:
 >>> for _ in range(6):
 ...     f = frame(10.0)
 ...     inst = step_features(f).inst
-...     ref, peers = reference_and_peers(inst)
-...     history.learn(f, inst, ref, peers, history.reference(f, inst, peers))
+...     _ = history.observe(f, inst, *reference_and_peers(inst))
 >>> f = frame(400.0)
 >>> inst = step_features(f).inst
->>> own = history.reference(f, inst, reference_and_peers(inst)[1])
+>>> own = history.observe(f, inst, *reference_and_peers(inst), learn=False)
 >>> (own.ref * 1e3).round(1).tolist(), (inst.transfer_s / own.ref).round(1).tolist()
 ([10.0, 10.0], [1.0, 40.0])
 >>> own.slow(inst.transfer_s).tolist()
@@ -95,35 +95,37 @@ class TransferHistory(Stateful):
         self._ring = np.full((0, depth), np.nan)
         self._count = np.zeros(0, dtype=np.int64)
 
-    def learn(self, frame: StepFrame, inst: Instances, ref: np.ndarray, peers: np.ndarray,
-              own: OwnPast) -> None:
-        """Remember this step's transfers once `delay` more steps have come, but for those
-        new to their past, or slow against both it and their step's peers (`ref`, `peers`:
-        `network_suspects.reference_and_peers`; `own`: this step's `reference`)."""
+    def observe(self, frame: StepFrame, inst: Instances, ref: np.ndarray, peers: np.ndarray,
+                learn: bool = True) -> OwnPast:
+        """Each instance's own past (NaN for one with too little, or with many peers), and,
+        when `learn`, this step's transfers remembered once `delay` more steps have come,
+        but for those new to their past or slow against both it and their step's peers
+        (`ref`, `peers`: `network_suspects.reference_and_peers`)."""
         idx = with_few_peers(peers)
-        t = inst.transfer_s
-        unusual = own.new(t) | (own.slow(t) & slow_within_step(t, ref))
-        idx = idx[~unusual[idx]]
-        self._recent.append((_keys(frame, inst, idx), inst.transfer_s[idx]))
-        while len(self._recent) > self.delay:
-            keys, values = self._recent.popleft()
-            rows = self._rows(keys, add=True)
-            self._ring[rows, self._count[rows] % self.depth] = values
-            self._count[rows] += 1
+        keys = _keys(frame, inst, idx)
+        own = self._own_past(inst.transfer_s.size, idx, keys)
+        if learn:
+            t = inst.transfer_s
+            unusual = (own.new(t) | (own.slow(t) & slow_within_step(t, ref)))[idx]
+            kept = np.flatnonzero(~unusual)
+            self._recent.append(([keys[i] for i in kept.tolist()], t[idx[kept]]))
+            while len(self._recent) > self.delay:
+                old_keys, values = self._recent.popleft()
+                rows = self._rows(old_keys, add=True)
+                self._ring[rows, self._count[rows] % self.depth] = values
+                self._count[rows] += 1
+        return own
 
     def drop_recent(self) -> None:
         """Forget the steps not yet remembered (a network incident is open: they may be its
         fault's)."""
         self._recent.clear()
 
-    def reference(self, frame: StepFrame, inst: Instances, peers: np.ndarray) -> OwnPast:
-        """Each instance's own past (NaN for one with too little, or with many peers;
-        `peers`: `network_suspects.reference_and_peers`)."""
-        own = OwnPast(*(np.full(inst.transfer_s.size, np.nan) for _ in range(3)))
-        idx = with_few_peers(peers)
+    def _own_past(self, n: int, idx: np.ndarray, keys: list[InstanceKey]) -> OwnPast:
+        own = OwnPast(*(np.full(n, np.nan) for _ in range(3)))
         if idx.size == 0 or not self._row:
             return own
-        rows = self._rows(_keys(frame, inst, idx), add=False)
+        rows = self._rows(keys, add=False)
         known = rows >= 0
         rows, idx = rows[known], idx[known]
         enough = self._count[rows] >= _MIN_PAST

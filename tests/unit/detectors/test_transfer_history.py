@@ -23,14 +23,13 @@ def _step(ms_dp1: float, ms_dp0: float = 10.0) -> tuple[StepFrame, Instances]:
 def _feed(history: TransferHistory, values: list[float]) -> None:
     for ms in values:
         frame, inst = _step(ms)
-        ref, peers = reference_and_peers(inst)
-        history.learn(frame, inst, ref, peers, history.reference(frame, inst, peers))
+        history.observe(frame, inst, *reference_and_peers(inst))
 
 
 def _dp1(history: TransferHistory, ms: float) -> tuple[float, bool]:
     """dp.1's reference (ms) and whether `ms` is slow against its own past."""
     frame, inst = _step(ms)
-    own = history.reference(frame, inst, reference_and_peers(inst)[1])
+    own = history.observe(frame, inst, *reference_and_peers(inst), learn=False)
     i = [frame.groups[g] for g in inst.group.tolist()].index("dp.1")
     return round(float(own.ref[i] * 1e3), 3), bool(own.slow(inst.transfer_s)[i])
 
@@ -98,9 +97,8 @@ def test_a_moderate_burst_its_peers_do_not_share_is_not_learned():
     history = TransferHistory(delay=0)
     for ms in [10.0, 10.5, 9.8, 10.2, 10.4, 10.1] + [20.0, 10.0, 10.3] * 6:
         frame, inst = _pairs_step(ms)
-        ref, peers = reference_and_peers(inst)
-        history.learn(frame, inst, ref, peers, history.reference(frame, inst, peers))
+        history.observe(frame, inst, *reference_and_peers(inst))
     frame, inst = _pairs_step(20.0)
-    own = history.reference(frame, inst, reference_and_peers(inst)[1])
+    own = history.observe(frame, inst, *reference_and_peers(inst), learn=False)
     i = [frame.groups[g] for g in inst.group.tolist()].index("dp.1")
     assert own.top[i] < 0.0111 and own.slow(inst.transfer_s)[i]
