@@ -126,7 +126,7 @@ def compute_suspects(
                 "node",
                 zn[n],
                 node_basis[n] * (1 - np.exp(-node_x[n])),
-                f"compute ×{np.exp(node_x[n]):.2f} on "
+                f"compute ×{np.exp(node_x[n]):.2f} vs stage peers on "
                 f"{'all' if counts[n] <= 2 else 'most'} of its {counts[n]} ranks",
             )
 

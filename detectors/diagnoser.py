@@ -44,7 +44,8 @@ from detectors.features import StepFeatures, step_features
 from detectors.hang import EXIT_GRACE, FIRST_STALL_TIMEOUTS, HangDetector, HangFinding
 from detectors.incidents import IncidentBook, OpenIncident
 from detectors.irregularity import LEVEL_STEPS, WARMUP, StepTimeBaseline
-from detectors.network_suspects import Topology, reference_and_peers
+from detectors.network_suspects import Topology, one_link, reference_and_peers
+from detectors.node_history import NodeHistory
 from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
 from detectors.reconcile import NETWORK_KINDS, Placement, covering, spread_of
@@ -96,6 +97,7 @@ class JobDiagnoser(Stateful):
         self.world = 0
         self._job_before_s = 0.0  # the step time a job-wide shift left
         self.transfers = TransferHistory()  # each transfer's own past (jobs of few instances)
+        self.nodes = NodeHistory()  # each node's own past (nodes alone in their stage)
         self.usual = UsualStep()  # the healthy step, for a counterfactual's transfers and starts
         self.budget = StepBudget()
         # A job's `end` event is final only after a grace: a rank's last steps can still be
@@ -292,7 +294,7 @@ class JobDiagnoser(Stateful):
         irr = self.baseline.update(step_time)
         stages = stage_keys(frame)
         ratio = compute_ratio(frame, feats, stages)
-        ref, peers = reference_and_peers(feats.inst)
+        ref, peers = reference_and_peers(feats.inst, one_link(frame, self.topology))
         healthy_net = not any(k[0] in NETWORK_KINDS for k in self.book.open)
         own = self.transfers.observe(frame, feats.inst, ref, peers, learn=healthy_net)
         if healthy_net:
@@ -304,6 +306,10 @@ class JobDiagnoser(Stateful):
         cands = step_suspects(
             frame, feats, ratio, self.topology, ref, self.noise, stages, self.waits, own
         )
+        healthy_nodes = not any(k[0] in ("node", "host") for k in self.book.open)
+        pace = self.nodes.observe(frame, feats, stages, cands, learn=healthy_nodes)
+        if not healthy_nodes:
+            self.nodes.drop_recent()
         keep = {(culprit, kind) for kind, culprit in self.book.open}  # tracker keys
         # The job's first steps are its warm-up (allocators, caches, the first batches), and
         # the noise memory holds no spread yet: their suspects are reported, never evidence.
@@ -325,11 +331,12 @@ class JobDiagnoser(Stateful):
                     if cover not in touched:
                         touched.add(cover)
                         inc = self.book.open[cover]
-                        self._evidence(inc, frame, feats, ratio, stages)
+                        self._evidence(inc, frame, feats, ratio, stages, pace)
                         out.incidents.append(inc.to_v1(self.job))
                     continue
                 cost = job_cost(frame, feats, tr.kind, tr.entity, ratio, stages,
-                                self.topology.group_size, self.topology.switch_of, self.usual)
+                                self.topology.group_size, self.topology.switch_of, self.usual,
+                                pace)
                 if cost.slowdown < _MIN_SLOWDOWN:
                     continue
                 inc = self._open(tr, frame, feats, ratio, ts, cost)
@@ -337,13 +344,13 @@ class JobDiagnoser(Stateful):
             elif key in touched:
                 continue
             touched.add(key)
-            self._evidence(inc, frame, feats, ratio, stages)
+            self._evidence(inc, frame, feats, ratio, stages, pace)
             out.incidents.append(inc.to_v1(self.job))
         for key, inc in list(self.book.open.items()):
             open_tr = self.tracker.tracks.get((key[1], key[0]))
             if key not in touched and open_tr is not None and open_tr.absent == 0:
                 touched.add(key)
-                self._evidence(inc, frame, feats, ratio, stages)
+                self._evidence(inc, frame, feats, ratio, stages, pace)
                 out.incidents.append(inc.to_v1(self.job))
         touched.update(k for k in self.book.open if k[0] == "hang")
         shift = self.book.get("job", "job")
@@ -390,7 +397,7 @@ class JobDiagnoser(Stateful):
         return b if np.isfinite(b) else 0.0
 
     def _evidence(self, inc: OpenIncident, frame: StepFrame, feats: StepFeatures,
-                  ratio: np.ndarray, stages: tuple[np.ndarray, int]) -> None:
+                  ratio: np.ndarray, stages: tuple[np.ndarray, int], pace: np.ndarray) -> None:
         """The step is evidence of `inc`: what it cost the job, from the step replayed
         without the culprit's excess (`whatif`). Replaying a step costs about 0.5 µs per op
         on one core, several seconds for a 16,384-GPU step, so a step of more than
@@ -402,7 +409,7 @@ class JobDiagnoser(Stateful):
             inc.add_evidence(frame.step, inc.priced_slowdown, step_span_s(frame), self.world)
             return
         cost = job_cost(frame, feats, inc.kind, inc.culprit, ratio, stages,
-                        self.topology.group_size, self.topology.switch_of, self.usual)
+                        self.topology.group_size, self.topology.switch_of, self.usual, pace)
         inc.priced_step, inc.priced_slowdown = frame.step, cost.slowdown
         inc.add_evidence(frame.step, cost.slowdown, cost.actual_s, self.world)
 

@@ -135,11 +135,15 @@ def _describe(
             text += f"; {waiters} on it in {group} {op} ({wait_s:.2f} s per step)"
         return text
     if kind == "node":
-        return f"node {name}: every GPU computes slower than its peers ({detail})"
+        return f"node {name}: its GPUs compute slower ({detail})"
     if kind == "host":
         return _host(entity, name, detail, frame, feats)
     if kind == "switch":
         return f"switch {name} is congested: {detail} of its nodes"
+    if entity.startswith("link:") and len(frame.nodes) == 2:
+        a, _, b = name.partition("~")
+        return (f"the network between nodes {a} and {b} is slow (a NIC of either, or the path "
+                f"between: a job of two nodes cannot tell which): {detail}")
     if entity.startswith("link:"):
         return f"link {name} between pipeline stages is slow: p2p {detail}"
     if kind == "link":

@@ -105,14 +105,26 @@ def transfer_reference(inst: Instances) -> np.ndarray:
     return reference_and_peers(inst)[0]
 
 
-def reference_and_peers(inst: Instances) -> tuple[np.ndarray, np.ndarray]:
+def one_link(frame: StepFrame, topo: Topology) -> bool:
+    """Whether every transfer across nodes crosses the same link: a job of two nodes. Its
+    NICs and the path between them slow the same transfers, and the step's other transfers
+    across nodes are no reference (they cross it too)."""
+    return len(frame.nodes) == 2 and len(topo.nodes) <= 2
+
+
+def reference_and_peers(inst: Instances, single_link: bool = False
+                        ) -> tuple[np.ndarray, np.ndarray]:
     """`transfer_reference`, and (I,) how many instances of each one's signature the step
     ran (itself included; 0 for one that is not comparable: within one node, or seen from
-    one copy)."""
+    one copy). On a `single_link` (`one_link`) each is alone: no reference, a count of 1,
+    judged by its own past only."""
     ref = np.full(inst.transfer_s.size, np.nan)
     count = np.zeros(inst.transfer_s.size, dtype=np.int64)
     idx = np.flatnonzero(inst.cross_node & (inst.n_copies >= 2))
     if idx.size == 0:
+        return ref, count
+    if single_link:
+        count[idx] = 1
         return ref, count
     sig, n_sig = _signatures(inst, idx)
     count[idx] = np.bincount(sig, minlength=n_sig)[sig]
@@ -224,7 +236,10 @@ def network_suspects(
         ent_nodes.append(np.array([n]))
     inc_ent.append(node_eid[p_node])
     inc_inst.append(p_inst)
-    p2p = inst.kind[idx] == P2P
+    # a pair of nodes is an entity of its own for its p2p transfers (a pipeline link), and,
+    # in a job of two nodes, for every transfer across them (the only link there is)
+    single = one_link(frame, topo)
+    p2p = (inst.kind[idx] == P2P) | single
     if p2p.any():
         lo = np.full(idx.size, n_nodes)
         hi = np.full(idx.size, -1)
@@ -280,7 +295,7 @@ def network_suspects(
             break
         if ent_kinds[best] == "link" and ent_nodes[best].size == 1:
             twins = _same_slow_instances(best, e_left, ie, ii, ent_kinds, ent_nodes)
-            best = _disambiguate_node(best, score, ent_kinds, ent_nodes, twins)
+            best = _disambiguate_node(best, score, ent_kinds, ent_nodes, twins, single)
             if best < 0:
                 break  # several nodes explain it equally and no switch holds them all
         ids = ii[ie == best]
@@ -351,6 +366,7 @@ def _disambiguate_node(
     kinds: list[str],
     nodes: list[np.ndarray],
     twins: np.ndarray,
+    single_link: bool = False,
 ) -> int:
     """A node is blamed only if it stands out; nodes tied with it point to what they share.
 
@@ -359,7 +375,16 @@ def _disambiguate_node(
     switch under which all of them sit is the suspect, or nobody. Nodes with exactly the
     same slow instances (`twins`, a pair's shared all-reduces) name nobody: a switch slows
     more than one pair's transfers.
+
+    In a job of two nodes (`single_link`) the tie is the link between them: every transfer
+    across nodes is on it, and which NIC of the two, or the path between, the transfers
+    cannot tell. (In a larger job a pair's shared slow transfers may be either end's NIC:
+    a flapping one's burst, whose next bursts show which.)
     """
+    if single_link:
+        pair = [i for i, k in enumerate(kinds) if k == "link" and nodes[i].size == 2]
+        if pair:
+            return max(pair, key=lambda i: score[i])
     if int(twins.sum()) > 1:
         return -1
     is_node = np.array([k == "link" and n.size == 1 for k, n in zip(kinds, nodes, strict=True)])

@@ -235,6 +235,7 @@ def job_cost(
     group_size: dict[str, int] | None = None,
     switch_of: dict[str, str] | None = None,
     history: UsualStep | None = None,
+    pace: np.ndarray | None = None,
 ) -> JobCost:
     """The job's step time with and without `entity`'s excess (`kind` says which excess).
 
@@ -244,7 +245,9 @@ def job_cost(
     `switch_of`: node → switch, for a switch culprit; `history`: the job's usual transfers
     (without it, a network culprit's transfers are brought to those of the step's other
     instances) and how the culprit's what-if of the step before ended, which this one
-    begins with and updates (without it, each rank begins the step as it did).
+    begins with and updates (without it, each rank begins the step as it did); `pace`: (R, 2)
+    each rank's compute ratio and idle factor against its own past where its node is alone
+    in its stage (`NodeHistory.observe`), what such a node is priced by, having no peers.
     """
     inst = feats.inst
     actual = step_span_s(frame)
@@ -262,7 +265,7 @@ def job_cost(
     same = _Change(np.ones(frame.n_ops), np.ones(frame.n_ops), transfer, arrival)
     line = timeline(frame, feats, skew)
     change = _change(frame, feats, kind, entity, ratio, stages or stage_keys(frame), same,
-                     typical, switch_of or {}, history, line.lag)
+                     typical, switch_of or {}, history, line.lag, pace)
     if history is not None:
         change.origin = history.chained_origins(frame, (kind, entity), skew)
     spans = replay(frame, line, same)
@@ -387,10 +390,12 @@ def _change(
     switch_of: dict[str, str],
     history: UsualStep | None,
     lags: np.ndarray,
+    pace: np.ndarray | None = None,
 ) -> _Change:
     """The step without `entity`'s excess (see the module docstring); `lags`: the time each
     op waited after its predecessor on its rank (launch gaps, host work between ops), as
-    the replay models it (`_Timeline.lag`)."""
+    the replay models it (`_Timeline.lag`); `pace`: as `job_cost`'s, for the fallback of a
+    node with no peers."""
     inst = feats.inst
     transfer = same.transfer_s.copy()
     what, _, name = entity.partition(":")
@@ -413,9 +418,16 @@ def _change(
         # not traced: its peers' waits on it are what it costs; without it, the members
         # that are not traced arrive with the traced ones
         return _Change(same.dur, same.lag, transfer, _with_traced(same.arrival_ns))
+    if pace is None:
+        pace = np.full((frame.n_ranks, 2), np.nan)
+    if what == "node":  # a node alone in its stage: against its own past, having no peers
+        ratio = np.where(np.isfinite(pace[:, 0]), pace[:, 0], ratio)
     factor = np.ones(frame.n_ranks)
     factor[ranks] = 1.0 / np.maximum(np.nan_to_num(ratio[ranks], nan=1.0), 1.0)
     per_op = np.repeat(factor, np.diff(frame.off))
+    idle = np.ones(frame.n_ranks)
+    if what == "node":
+        idle[ranks] = np.nan_to_num(pace[ranks, 1], nan=1.0)
     dur, lag = same.dur, same.lag
     mine = np.zeros(frame.n_ranks, bool)
     mine[ranks] = True
@@ -427,7 +439,8 @@ def _change(
         # a starved host stretches the gaps before ops; without compute ops the gaps are the
         # compute (the ratio is measured on them)
         lag = _toward_peers(frame, stages, lags, np.arange(frame.n_ops), culprit, mine,
-                            per_op if not feats.has_compute else np.ones(frame.n_ops))
+                            per_op if not feats.has_compute
+                            else np.repeat(idle, np.diff(frame.off)))
     # a node's (or host's) untraced GPUs are as slow as its traced ones: without it, they
     # arrive with the rest; one traced GPU's untraced peers are healthy, but late by as much
     # as they waited on it (its pipeline neighbours, and theirs, wait on its tensor-parallel

@@ -187,8 +187,13 @@ def _can_happen(family: str, layout: Layout) -> bool:
 
 def accepted_culprits(sim: Any) -> list[frozenset[str]]:
     """Per true culprit (the truth's, then a second fault's): the entities that count as it,
-    the culprit itself and, for a rank that is not traced, its node."""
+    the culprit itself and the narrowest entity the data can support when that is not it:
+    for a rank that is not traced, its node; for a NIC or switch of a job of two nodes, the
+    link between them (every transfer across nodes goes through both NICs, both switches
+    and the path between)."""
     truth = sim.truth
+    topo = sim.topology
+    only_link = topo.link_entity(0, 1) if len(topo.node_names) == 2 else None
     culprits = [(truth.culprit, truth.culprit_traced)]
     if truth.second:
         culprits.append((truth.second["culprit"], truth.second["culprit_traced"]))
@@ -198,8 +203,11 @@ def accepted_culprits(sim: Any) -> list[frozenset[str]]:
             continue
         names = {culprit}
         if traced is False and culprit.startswith("rank:"):
-            node = int(sim.topology.node_of[int(culprit[5:])])
-            names.add(sim.topology.node_entity(node))
+            node = int(topo.node_of[int(culprit[5:])])
+            names.add(topo.node_entity(node))
+        if only_link and culprit.startswith(("switch:", "node:")) and truth.kind in (
+                "link", "switch"):
+            names.add(only_link)
         out.append(frozenset(names))
     return out
 

@@ -125,3 +125,17 @@ def test_a_throttled_rank_whose_stage_is_a_lone_pair_is_named():
     [(opened, kind, culprit)] = _device_incidents("half-throttled-rank2-lone-pair.jsonl.gz")
     assert (kind, culprit) == ("gpu", "rank:2")
     assert ONSET - 1 <= opened <= ONSET + 3
+
+
+def test_a_nic_of_a_two_node_job_is_named_as_the_link_between_them():
+    """Two nodes, one pipeline stage each (TP4·PP2) and node-0's NIC held to 20 Mbit/s; then
+    the same with the two nodes as data-parallel replicas (TP4·DP2). Every transfer across
+    nodes goes through both NICs and the path between, so the step has no other transfer to
+    compare one with, and which NIC it is, nothing in the timing says. Both read as a
+    "job-wide shift, no device to blame" with the step ×6-8; the narrowest entity the data
+    supports is the link, and its summary says that the two ends cannot be told apart."""
+    for name in ("two-nodes-pp2-nic-node-0.jsonl.gz", "two-nodes-dp-nic-node-0.jsonl.gz"):
+        [(opened, kind, culprit, summary)] = _hangs(name)
+        assert (kind, culprit) == ("link", "link:node-0~node-1")
+        assert ONSET - 1 <= opened <= ONSET + 3
+        assert "cannot tell which" in summary

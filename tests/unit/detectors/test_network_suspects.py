@@ -80,3 +80,34 @@ def test_a_pairs_shared_all_reduces_alone_do_not_say_which_end_is_slow():
     assert _named(_pair_frame({"dp.0"}), world=4) == []
     # n1's pipeline transfers are slow too: that is n1's NIC
     assert _named(_pair_frame({"dp.0", "pp.1"}), world=4) == [("node:n1", "link")]
+
+
+def _two_nodes(ms: float, nodes: tuple[str, ...] = ()):
+    """Two nodes of four ranks, four data-parallel pairs across them (rank r and r + 4): one
+    all-reduce each per step, `ms` long; the job start named `nodes`."""
+    def ops(r: int) -> list:
+        return [("coll", "all_reduce", f"dp.{r % 4}", 1, 0.0, ms, 1 << 20)]
+    frame = frame_of([rank_step(r, f"n{r // 4}", 0, ops(r)) for r in range(8)])
+    return frame, step_features(frame), Topology(nodes=nodes)
+
+
+def test_a_job_of_two_nodes_names_the_link_between_them():
+    """Every transfer across nodes crosses both NICs and the path between: judged by their
+    own past, all are slow, and the link is the narrowest entity the timing supports. With
+    a third node named by the job start (its agent down) there are more paths than one."""
+    from detectors.network_suspects import one_link, reference_and_peers
+    from detectors.transfer_history import TransferHistory
+
+    def suspects(nodes: tuple[str, ...]) -> list[tuple[str, str]]:
+        history = TransferHistory(delay=0)
+        for ms in [10.0, 11.0, 9.5, 10.5, 10.0, 10.2] + [400.0]:
+            frame, feats, topo = _two_nodes(ms, nodes)
+            ref, peers = reference_and_peers(feats.inst, one_link(frame, topo))
+            own = history.observe(frame, feats.inst, ref, peers)
+        out = Candidates()
+        network_suspects(frame, feats, topo, ref, out, own)
+        return list(zip(out.entity, out.kind, strict=True))
+
+    assert suspects(()) == [("link:n0~n1", "link")]
+    assert suspects(("n0", "n1")) == [("link:n0~n1", "link")]
+    assert suspects(("n0", "n1", "n2")) == []  # four alike in the step: job-wide

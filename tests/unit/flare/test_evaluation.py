@@ -232,3 +232,22 @@ def test_a_second_fault_is_drawn_only_where_a_node_is_left_for_it():
     for _c, sc in pairs:
         sim = ClusterSimulator(sc)  # draws where the second fault goes
         assert len(sim.plans) == 2
+
+
+def test_a_network_fault_of_a_two_node_job_is_found_when_the_link_is_named():
+    """Two nodes: every transfer across them goes through both NICs and the path between,
+    so the link is the narrowest entity a NIC or switch fault can be named by; a slow node
+    is not a network fault, and a larger job's NIC is its node only."""
+    from flare.evaluation import accepted_culprits
+    from producers.simulator import ClusterSimulator
+
+    def accepted(gpus: int, family: str, target: str) -> list[frozenset[str]]:
+        sc = Scenario(job="j", layout=layout_for_gpus(gpus), steps=30, seed=1,
+                      fault=Fault(family, 3.0, 20, target))
+        return accepted_culprits(ClusterSimulator(sc))
+
+    link = "link:node-0000~node-0001"
+    assert accepted(16, "nic", "node:node-0001") == [{"node:node-0001", link}]
+    assert accepted(16, "switch", "switch:leaf-00") == [{"switch:leaf-00", link}]
+    assert accepted(16, "slow_node", "node:node-0001") == [{"node:node-0001"}]
+    assert accepted(32, "nic", "node:node-0001") == [{"node:node-0001"}]
