@@ -9,6 +9,7 @@ import typer
 
 if TYPE_CHECKING:
     from flare.drill.run import DrillResult
+    from schemas.wire import IncidentV1
 
 
 def register(app: typer.Typer) -> None:
@@ -36,6 +37,10 @@ def register(app: typer.Typer) -> None:
         comm_only: bool = typer.Option(
             False, "--comm-only", help="diagnose the recording without its compute ops, as a "
                                        "communication-only tracer logs"),
+        kineto: bool = typer.Option(
+            False, "--kineto", help="the traced ranks also run the PyTorch profiler; its "
+                                    "traces are replayed (as `flare replay --kineto`), "
+                                    "diagnosed and judged too"),
         workdir: Path = typer.Option(Path("drill-runs"), help="logs and recordings go here"),
         as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
     ) -> None:
@@ -54,7 +59,7 @@ def register(app: typer.Typer) -> None:
                              steps_before=steps_before, steps_after=steps_after, seed=seed,
                              batch=batch,
                              cpus=cpus, mbit=mbit, traced=traced, comm_only=comm_only,
-                             workdir=workdir)
+                             kineto=kineto, workdir=workdir)
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
@@ -82,12 +87,15 @@ def _show(res: DrillResult, as_json: bool) -> None:
     """One drill's verdict: a JSON line, or the incidents next to the truth."""
     import msgspec
 
-    t = res.truth
+    from flare.drill.run import latency_steps
+
+    t, k = res.truth, res.kineto
     if as_json:
         typer.echo(msgspec.json.encode({
             "passed": res.passed,
             "truth": {"fault": t.fault, "kind": t.kind, "culprit": t.culprit,
-                      "onset_step": t.onset_step, "untraced_node": t.untraced_node},
+                      "onset_step": t.onset_step, "untraced_node": t.untraced_node,
+                      "only_link": t.only_link},
             "found": res.found,
             "latency_steps": res.latency_steps,
             "false_device_incidents": res.false_device,
@@ -98,16 +106,42 @@ def _show(res: DrillResult, as_json: bool) -> None:
             "recording": str(res.recording),
             "messages_sent": res.sent,
             "messages_received": res.received,
+            "cost": None if res.measured_slowdown is None or res.found is None else {
+                "estimated_slowdown": res.found.slowdown,
+                "measured_slowdown": round(res.measured_slowdown, 4)},
+            "kineto": None if k is None else {
+                "passed": k.passed(t), "found": k.found, "error": k.error or None,
+                "latency_steps": latency_steps(k.found, t),
+                "false_device_incidents": k.false_device,
+                "incidents": sorted(k.incidents, key=lambda i: (i.opened_step, i.id)),
+                "steps": k.steps, "recording": str(k.recording)},
         }).decode())
         return
     untraced = f", not traced: its node {t.untraced_node} names it" if t.untraced_node else ""
+    if t.only_link:
+        untraced = f", one of two nodes: {t.only_link} names it"
     typer.echo(f"truth: {t.fault} on {t.culprit or '-'}{untraced} (expect "
                f"{t.kind or 'nothing'}) from step "
                f"{t.onset_step if t.onset_step is not None else '-'}")
     typer.echo(f"broker: {res.received} of the {res.sent} messages the agents sent")
-    for i in sorted(res.incidents, key=lambda i: (i.opened_step, i.id)):
-        mark = "*" if i is res.found else ("!" if i in res.false_device else " ")
-        typer.echo(f"{mark} step {i.opened_step:>4} {i.kind:<5} {i.culprit:<14} "
-                   f"{i.status:<8} {i.summary}")
+    _lines(res.incidents, res.found, res.false_device)
+    if res.measured_slowdown is not None and res.found is not None:
+        est, got = res.found.slowdown, res.measured_slowdown
+        typer.echo(f"cost: the incident says the job runs ×{est:.2f}, its steps show "
+                   f"×{got:.2f} against those before the fault ({est / got - 1:+.0%})")
+    if k is not None:
+        typer.echo(f"profiler traces ({k.steps} job steps): "
+                   + (f"error: {k.error}" if k.error else ("PASS" if k.passed(t) else "FAIL")))
+        _lines(k.incidents, k.found, k.false_device)
     typer.echo(("PASS" if res.passed else "FAIL")
                + (f" in {res.latency_steps} step(s)" if res.latency_steps is not None else ""))
+
+
+def _lines(incidents: list[IncidentV1], found: IncidentV1 | None,
+           false: list[IncidentV1]) -> None:
+    """The incidents, the one that answers the fault marked *, false ones !."""
+    for i in sorted(incidents, key=lambda i: (i.opened_step, i.id)):
+        mark = "*" if i is found else ("!" if i in false else " ")
+        typer.echo(f"{mark} step {i.opened_step:>4} {i.kind:<5} {i.culprit:<14} "
+                   f"{i.status:<8} {i.summary}")
+

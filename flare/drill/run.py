@@ -30,6 +30,7 @@ from pathlib import Path
 
 import orjson
 
+from flare.drill.cost import SLOWING, measured_slowdown, step_times
 from flare.drill.faults import (
     CpuQuota,
     Fault,
@@ -80,6 +81,7 @@ class DrillSpec:
     flap_s: float = 2.0  # flapping-nic: seconds on, then off
     traced: str = "all"  # which ranks report (TRACED)
     comm_only: bool = False  # diagnose without compute ops, as a communication-only tracer logs
+    kineto: bool = False  # traced ranks also write profiler traces, diagnosed and judged too
     workdir: Path = Path("drill-runs")
     tag: str = ""
 
@@ -128,11 +130,37 @@ class Truth:
     # an untraced culprit rank is named right by its node: the narrowest entity the data of
     # its traced peers can support
     untraced_node: str | None = None
+    # a NIC of a job of two nodes is named right by the link between them: every transfer
+    # across nodes goes through both NICs and the path between
+    only_link: str | None = None
 
     def named(self, culprit: str) -> bool:
         """Whether an incident's culprit names the faulty entity."""
-        return culprit == self.culprit or (self.untraced_node is not None
-                                           and culprit == f"node:{self.untraced_node}")
+        return culprit in (self.culprit, self.only_link) or (
+            self.untraced_node is not None and culprit == f"node:{self.untraced_node}")
+
+
+@dataclass(slots=True)
+class KinetoVerdict:
+    """The drill judged again from its traced ranks' PyTorch profiler traces, replayed as
+    `flare replay --kineto` does: what a job that runs the profiler, not Flare's hook,
+    gives Flare."""
+
+    incidents: list[IncidentV1]
+    steps: int
+    recording: Path
+    found: IncidentV1 | None = None
+    false_device: list[IncidentV1] = field(default_factory=list)
+    error: str = ""  # the traces could not be replayed (KinetoError's message)
+
+    def passed(self, truth: Truth) -> bool:
+        if self.error:
+            return False
+        if truth.culprit is None:
+            return not self.false_device
+        f = self.found
+        return (f is not None and truth.named(f.culprit) and f.kind == truth.kind
+                and not self.false_device)
 
 
 @dataclass(slots=True)
@@ -147,9 +175,17 @@ class DrillResult:
     found: IncidentV1 | None = None  # the first incident opened at or after the fault
     false_device: list[IncidentV1] = field(default_factory=list)
     step_s: float = 0.0  # the job's seconds per step before the fault
+    kineto: KinetoVerdict | None = None  # the same drill seen from its profiler traces
+    # what the job's own steps show the fault cost, over the found incident's steps (its
+    # `slowdown` is the estimate): None for faults that stop the job, or nothing found
+    measured_slowdown: float | None = None
 
     @property
     def passed(self) -> bool:
+        """The first incident after the fault names it, no device incident is false, and
+        the profiler traces (when asked for) say the same."""
+        if self.kineto is not None and not self.kineto.passed(self.truth):
+            return False
         if self.truth.culprit is None:
             return not self.false_device
         f = self.found
@@ -158,9 +194,14 @@ class DrillResult:
 
     @property
     def latency_steps(self) -> int | None:
-        if self.found is None or self.truth.onset_step is None:
-            return None
-        return self.found.opened_step - self.truth.onset_step
+        return latency_steps(self.found, self.truth)
+
+
+def latency_steps(found: IncidentV1 | None, truth: Truth) -> int | None:
+    """Steps from the fault's first whole step to the incident that answers it."""
+    if found is None or truth.onset_step is None:
+        return None
+    return found.opened_step - truth.onset_step
 
 
 def judge(truth: Truth, incidents: list[IncidentV1]) -> tuple[IncidentV1 | None,
@@ -240,8 +281,28 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
     found, false_device = judge(truth, incidents)
     say(f"{sent} messages sent, {received} received by the broker, {steps} job steps "
         "diagnosed")
+    kineto = _kineto_verdict(out, job, truth) if spec.kineto else None
+    measured = None
+    if spec.fault in SLOWING and found is not None and truth.onset_step is not None:
+        measured = measured_slowdown(step_times(recording), truth.onset_step,
+                                     found.opened_step, found.last_step)
     return DrillResult(truth, incidents, steps, rootless, recording, sent, received, found,
-                       false_device, step_s)
+                       false_device, step_s, kineto, measured)
+
+
+def _kineto_verdict(out: Path, job: str, truth: Truth) -> KinetoVerdict:
+    """Replay the profiler traces the traced ranks wrote, diagnose them and judge."""
+    from producers.kineto.replay import KinetoError, kineto_to_events
+    from producers.recording import write_events
+
+    recording = out / "kineto.jsonl"
+    try:
+        write_events(list(kineto_to_events([out / "kineto"], job)), recording)
+    except KinetoError as exc:
+        return KinetoVerdict([], 0, recording, error=str(exc))
+    incidents, steps = _diagnose(recording)
+    found, false_device = judge(truth, incidents)
+    return KinetoVerdict(incidents, steps, recording, found, false_device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +395,8 @@ def _ranks(spec: DrillSpec, hosts: list[Host], job: str, out: Path,
                 str(spec.ranks), "--per-node", str(per_node),
                 "--pp", str(spec.pp if len(hosts) > 1 else 1), "--master", master,
                 "--batch", str(spec.batch)]
+        if spec.kineto and r in traced:
+            argv += ["--profile", str(out / "kineto"), "--node-name", h.name]
         with open(out / f"rank{r}.log", "wb") as log:
             p = subprocess.Popen(_in_host(h, argv), env=env, stdout=log, stderr=log)
         stack.callback(_stop, p)
@@ -416,7 +479,9 @@ def _fault(spec: DrillSpec, rng: random.Random, hosts: list[Host],
                           spec.mbit)
         fault: Fault = (limit if spec.fault == "nic"
                         else Flapping(limit, spec.flap_s, spec.flap_s))
-        return Truth(spec.fault, "link", f"node:{h.name}", onset), fault
+        pair = "~".join(sorted(x.name for x in hosts)) if len(hosts) == 2 else None
+        return Truth(spec.fault, "link", f"node:{h.name}", onset,
+                     only_link=f"link:{pair}" if pair else None), fault
     r = rng.randrange(spec.ranks)
     pid = ranks[r].pid  # `ip netns exec` execs the command: the pid is the rank's own
     name = f"flare-{spec.tag or os.getpid()}-{r}"

@@ -23,11 +23,16 @@ limits, freezes or kills this process or its node from outside, as a real fault 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import os
 import signal
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+PROFILE_WINDOW = 10  # steps per profiler trace file (--profile)
+_CLONE_NEWUTS = 0x04000000
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=16, help="sequences per microbatch")
     p.add_argument("--micro", type=int, default=2, help="microbatches per step")
     p.add_argument("--width", type=int, default=128, help="model width (gradient size)")
+    p.add_argument("--profile", default="",
+                   help="also write PyTorch profiler (Kineto) traces here, a file per window "
+                        "of steps, as a production job's profiler does")
+    p.add_argument("--node-name", default="",
+                   help="with --profile: the host name the traces carry (the rank's node)")
     a = p.parse_args(argv)
     if a.world % a.per_node or not 0 <= a.rank < a.world or (a.world // a.per_node) % a.pp:
         p.error("--world must be a multiple of --per-node, the nodes a multiple of --pp, "
@@ -168,36 +178,63 @@ def main(argv: list[str] | None = None) -> None:
     opt = torch.optim.SGD(params, lr=1e-4)
     gen = torch.Generator().manual_seed(a.rank)
     shape = (a.batch, 32, a.width)
-    for _ in range(a.steps):
-        outs, ins = [], []
-        for _mb in range(a.micro):  # forward of every microbatch
-            if prev is None:
-                x = torch.randn(*shape, generator=gen)
-            else:
-                x = torch.empty(shape)
-                dist.recv(x, prev, group=pp)
-                x.requires_grad_(True)
-            y = model(x)
-            if nxt is not None:
-                dist.send(y.detach(), nxt, group=pp)
-            ins.append(x)
-            outs.append(y)
-        for x, y in zip(ins, outs, strict=True):  # then every backward
-            if nxt is None:
-                y.pow(2).mean().backward()
-            else:
-                g = torch.empty(shape)
-                dist.recv(g, nxt, group=pp)
-                y.backward(g)
-            if prev is not None and x.grad is not None:
-                dist.send(x.grad, prev, group=pp)
-        flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
-        dist.all_reduce(flat, group=dp)  # the data-parallel gradient reduction
-        opt.step()
-        opt.zero_grad()
+    with contextlib.ExitStack() as stack:
+        profiler = stack.enter_context(_profiler(a)) if a.profile else None
+        for _ in range(a.steps):
+            outs, ins = [], []
+            for _mb in range(a.micro):  # forward of every microbatch
+                if prev is None:
+                    x = torch.randn(*shape, generator=gen)
+                else:
+                    x = torch.empty(shape)
+                    dist.recv(x, prev, group=pp)
+                    x.requires_grad_(True)
+                y = model(x)
+                if nxt is not None:
+                    dist.send(y.detach(), nxt, group=pp)
+                ins.append(x)
+                outs.append(y)
+            for x, y in zip(ins, outs, strict=True):  # then every backward
+                if nxt is None:
+                    y.pow(2).mean().backward()
+                else:
+                    g = torch.empty(shape)
+                    dist.recv(g, nxt, group=pp)
+                    y.backward(g)
+                if prev is not None and x.grad is not None:
+                    dist.send(x.grad, prev, group=pp)
+            flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
+            dist.all_reduce(flat, group=dp)  # the data-parallel gradient reduction
+            opt.step()
+            opt.zero_grad()
+            if profiler is not None:
+                profiler.step()
     dist.barrier()
     torch_hook.uninstall()
     dist.destroy_process_group()
+
+
+def _profiler(a: argparse.Namespace) -> Any:
+    """A profiler of every step, written a window of `PROFILE_WINDOW` steps at a time, named
+    by the rank's node: each node of a drill is a network namespace of one machine, so the
+    rank takes its node's name as its host name, in a host-name namespace of its own."""
+    import torch
+
+    if a.node_name:
+        _own_host_name(a.node_name)
+    return torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        schedule=torch.profiler.schedule(wait=0, warmup=0, active=PROFILE_WINDOW, repeat=0),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(
+            a.profile, worker_name=f"{a.node_name or 'node'}_{a.rank}", use_gzip=True))
+
+
+def _own_host_name(name: str) -> None:
+    """This process's host name (a UTS namespace of its own; root only, else unchanged)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWUTS) == 0:
+        raw = name.encode()
+        libc.sethostname(raw, len(raw))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from producers.kineto.trace import KinetoError, RankTrace, parse_trace
+from producers.kineto.trace import KinetoError, NoSteps, RankTrace, parse_trace
 from schemas import topics
 
 _RANK_IN_NAME = re.compile(r"rank[_\-]?(\d+)", re.IGNORECASE)
@@ -68,6 +68,27 @@ def load_trace(path: Path, job: str, position: int) -> RankTrace:
                        node=tb.group("host") if tb else None, source=str(path))
 
 
+def _windows_joined(traces: list[RankTrace]) -> list[RankTrace]:
+    """One trace per rank: a profiler with a repeating schedule writes a file per window of
+    steps (`tensorboard_trace_handler`), and production jobs keep several; a rank's windows
+    are joined in step order. Two files with the same step of a rank are an error (two
+    runs, or two ranks that claim one number)."""
+    by_rank: dict[int, list[RankTrace]] = {}
+    for t in traces:
+        by_rank.setdefault(t.rank, []).append(t)
+    out = []
+    for rank, parts in sorted(by_rank.items()):
+        steps = sorted((m for t in parts for m in t.steps), key=lambda m: m["step"])
+        numbers = [m["step"] for m in steps]
+        if len(set(numbers)) < len(numbers):
+            raise KinetoError(f"several trace files claim rank {rank} at the same step(s); "
+                              "one rank's files must be windows of one run")
+        first = parts[0]
+        out.append(RankTrace(rank, max(t.world_size for t in parts), first.node,
+                             first.local_rank, steps))
+    return out
+
+
 def kineto_to_events(paths: Iterable[str | Path], job: str) -> Iterator[Event]:
     """The jobs start event, then all ranks' steps messages ordered by their end time.
 
@@ -75,11 +96,17 @@ def kineto_to_events(paths: Iterable[str | Path], job: str) -> Iterator[Event]:
     (small) steps messages, not the traces.
     """
     files = trace_files(paths)
-    traces = [load_trace(f, job, i) for i, f in enumerate(files)]
+    loaded: list[RankTrace] = []
+    empty: list[NoSteps] = []
+    for i, f in enumerate(files):
+        try:
+            loaded.append(load_trace(f, job, i))
+        except NoSteps as exc:
+            empty.append(exc)
+    if not loaded:
+        raise empty[0]
+    traces = _windows_joined(loaded)
     ranks = [t.rank for t in traces]
-    dup = {r for r in ranks if ranks.count(r) > 1}
-    if dup:
-        raise KinetoError(f"several trace files claim rank(s) {sorted(dup)}")
     world = max([t.world_size for t in traces] + [max(ranks) + 1])
     t_first = min(m["t_start_ns"] for t in traces for m in t.steps)
     yield (topics.JOBS, job, {"v": 1, "job": job, "event": "start", "ts_ns": t_first,

@@ -48,6 +48,11 @@ class KinetoError(ValueError):
     """A file that is not a usable Kineto trace (the message says which and why)."""
 
 
+class NoSteps(KinetoError):
+    """A trace with no ProfilerStep#N span: on its own, nothing to replay; among a rank's
+    windows, the empty one a profiler writes when training stops mid-window."""
+
+
 @dataclass(slots=True)
 class Op:
     kind: str
@@ -250,7 +255,7 @@ def parse_trace(doc: Mapping[str, Any], job: str, *, rank: int | None, node: str
     clock = _Clock(int(doc.get("baseTimeNanoseconds") or 0))
     ev = _scan(events)
     if not ev.steps:
-        raise KinetoError(f"{source}: no ProfilerStep#N spans (profile with a schedule and "
+        raise NoSteps(f"{source}: no ProfilerStep#N spans (profile with a schedule and "
                           "call prof.step() each iteration)")
     devices = [(k.get("args") or {}).get("device") for k in ev.nccl_kernels[:1]]
     local = int(devices[0]) if devices and isinstance(devices[0], int) else 0

@@ -95,3 +95,47 @@ def test_a_frozen_rank_is_left_frozen_past_the_hang_timeout_of_its_own_steps(ste
     cfg = DetectorConfig()
     timeout = max(cfg.hang_timeout_s, cfg.hang_timeout_steps * step_s)
     assert hang_wait_s(step_s) >= timeout + step_s
+
+
+def test_a_nic_of_two_nodes_is_named_right_by_the_link_between_them() -> None:
+    truth = Truth("nic", "link", "node:node-0", 27, only_link="link:node-0~node-1")
+    found, false = judge(truth, [_incident(28, "link:node-0~node-1")])
+    assert found is not None and truth.named(found.culprit) and not false
+    four = Truth("nic", "link", "node:node-0", 27)  # more nodes: the NIC's own node only
+    assert not four.named("link:node-0~node-1")
+
+
+def test_the_profiler_traces_verdict_counts_in_the_drill(tmp_path: Path) -> None:
+    """A drill with profiler traces passes only when they name the fault too."""
+    from flare.drill.run import DrillResult, KinetoVerdict
+
+    truth = Truth("freeze", "hang", "rank:3", 27)
+    right = _incident(27)
+    res = DrillResult(truth, [right], 40, False, tmp_path, found=right)
+    assert res.passed
+    res.kineto = KinetoVerdict([], 40, tmp_path)  # the traces named nothing
+    assert not res.passed
+    res.kineto = KinetoVerdict([right], 40, tmp_path, found=right)
+    assert res.passed
+    res.kineto = KinetoVerdict([], 0, tmp_path, error="no ProfilerStep#N spans")
+    assert not res.passed
+
+
+def test_the_cost_is_measured_against_the_healthy_steps_before_the_fault(tmp_path: Path) -> None:
+    """The job's step time is the median rank span; the fault's steps are measured against
+    the median of the twelve before it, not its warm-up."""
+    from flare.drill.cost import measured_slowdown, step_times
+
+    path = tmp_path / "rec.jsonl"
+    with open(path, "wb") as f:
+        for step in range(40):
+            ms = 5000 if step < 3 else (400 if step < 27 else 1200)  # warm-up, healthy, fault
+            for rank, extra in ((0, 0), (1, 10), (2, 500)):  # rank 2 an outlier: the median
+                f.write(recording_line("flare.steps.v1", "j", {
+                    "v": 1, "job": "j", "rank": rank, "node": "n", "step": step,
+                    "t_start_ns": step * 10**10, "t_end_ns": step * 10**10 + (ms + extra) * 10**6,
+                    "ops": []}))
+    times = step_times(path)
+    assert times[10] == 0.41 and times[30] == 1.21
+    assert round(measured_slowdown(times, 27, 29, 39) or 0, 3) == round(1.21 / 0.41, 3)
+    assert measured_slowdown(times, 4, 5, 9) is None  # too few healthy steps before it

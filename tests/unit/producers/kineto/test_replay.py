@@ -79,3 +79,34 @@ def test_real_public_traces_are_accepted(name, world, n_steps, names):
         coll = s.kind == 1
         assert coll.sum() >= 3 and (s.dur_ns[coll] > 0).all() and (s.bytes[coll] > 0).all()
         assert s.t_end_ns - s.t_start_ns > 50_000_000  # 75–225 ms steps
+
+
+def _later_window(doc: dict, steps: int, us: float) -> dict:
+    """The same rank's next window: step numbers `steps` on, `us` microseconds later."""
+    out = json.loads(json.dumps(doc))
+    for e in out["traceEvents"]:
+        e["ts"] += us
+        if e["name"].startswith("ProfilerStep#"):
+            e["name"] = f"ProfilerStep#{int(e['name'].split('#')[1]) + steps}"
+    return out
+
+
+def test_a_rank_windows_are_joined_in_step_order(tmp_path, nccl_trace):
+    """A repeating profiler schedule writes one file per window of steps; training that
+    stops mid-window leaves a file with no step at all, which is skipped."""
+    first = nccl_trace(0)
+    (tmp_path / "w1.json").write_text(json.dumps(_later_window(first, 2, 4000.0)))
+    (tmp_path / "w0.json").write_text(json.dumps(first))
+    (tmp_path / "w2.json").write_text(json.dumps({**first, "traceEvents": []}))
+    events = list(kineto_to_events([tmp_path], "kj"))
+    steps = [decode_steps(orjson.dumps(v)) for _t, _k, v, _ts in events[1:]]
+    assert [(s.rank, s.step) for s in steps] == [(0, 10), (0, 11), (0, 12), (0, 13)]
+    (tmp_path / "w3.json").write_text(json.dumps(first))  # steps 10-11 of rank 0 again
+    with pytest.raises(KinetoError, match="rank 0 at the same step"):
+        list(kineto_to_events([tmp_path], "kj"))
+
+
+def test_only_empty_windows_say_so(tmp_path, nccl_trace):
+    (tmp_path / "w.json").write_text(json.dumps({**nccl_trace(0), "traceEvents": []}))
+    with pytest.raises(KinetoError, match="no ProfilerStep"):
+        list(kineto_to_events([tmp_path], "kj"))
