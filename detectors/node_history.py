@@ -94,11 +94,11 @@ class NodeHistory(Stateful):
         node: its compute ratio (as `compute_ratio` is against peers; at least 1), and the
         factor that brings its idle gaps back to their usual share of the step (at most 1);
         NaN for ranks of nodes not judged."""
-        own = np.full((frame.n_ranks, 2), np.nan)
+        pace = np.full((frame.n_ranks, 2), np.nan)
         n_nodes = len(frame.nodes)
         alone = _alone(frame, stages) if n_nodes >= 2 else np.zeros(n_nodes, dtype=bool)
         if not alone.any():
-            return own
+            return pace
         value = np.column_stack([_log_basis(feats), _idle_share(feats)])
         moved = value - self._ranks.median(frame.rank)  # (R, 2) each rank from its past
         resid, job = _against_others(frame, moved)
@@ -109,24 +109,25 @@ class NodeHistory(Stateful):
         z[~judged] = np.nan
         flagged = np.nan_to_num(z, nan=0.0) >= Z_REPORT
         _report(frame, feats, resid, z, flagged, out)
-        if learn and not flagged.any():
-            # a step where a node stood out is remembered for none: the others' pasts would
-            # move on without it, a job-wide shift would then show as its residual, growing
-            # as it is kept out (two nodes mirror each other: a clean 16-GPU run paged)
-            self._recent.append((frame.rank, value, resid))
         if learn:
+            if not flagged.any():
+                # a step where a node stood out is remembered for none: the others' pasts
+                # would move on without it, and a job-wide shift would then show as its
+                # residual, growing as it is kept out (two nodes mirror each other: a clean
+                # 16-GPU run paged)
+                self._recent.append((frame.rank, value, resid))
             while len(self._recent) > self.delay:
                 ranks, values, resids = self._recent.popleft()
                 self._ranks.add(ranks, values)
                 self._spread.append(resids)
         mine = judged[frame.node]
         rank_resid = moved - job
-        own[mine, 0] = np.exp(np.maximum(rank_resid[mine, 0], 0.0))  # never faster
+        pace[mine, 0] = np.exp(np.maximum(rank_resid[mine, 0], 0.0))  # never faster
         usual_gap = (value[:, 1] - rank_resid[:, 1]) * feats.span_s
         with np.errstate(divide="ignore", invalid="ignore"):
             factor = np.clip(usual_gap / feats.gap_s, 0.0, 1.0)
-        own[mine, 1] = np.where(feats.gap_s[mine] > 0, factor[mine], 1.0)
-        return own
+        pace[mine, 1] = np.where(feats.gap_s[mine] > 0, factor[mine], 1.0)
+        return pace
 
     def drop_recent(self) -> None:
         """Forget the steps not yet remembered (a node or host incident is open: they may be

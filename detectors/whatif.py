@@ -418,16 +418,13 @@ def _change(
         # not traced: its peers' waits on it are what it costs; without it, the members
         # that are not traced arrive with the traced ones
         return _Change(same.dur, same.lag, transfer, _with_traced(same.arrival_ns))
-    if pace is None:
-        pace = np.full((frame.n_ranks, 2), np.nan)
-    if what == "node":  # a node alone in its stage: against its own past, having no peers
+    idle = np.ones(frame.n_ranks)  # factor on each rank's gaps without the culprit
+    if what == "node" and pace is not None:  # alone in its stage: priced by its own past
         ratio = np.where(np.isfinite(pace[:, 0]), pace[:, 0], ratio)
+        idle[ranks] = np.nan_to_num(pace[ranks, 1], nan=1.0)
     factor = np.ones(frame.n_ranks)
     factor[ranks] = 1.0 / np.maximum(np.nan_to_num(ratio[ranks], nan=1.0), 1.0)
     per_op = np.repeat(factor, np.diff(frame.off))
-    idle = np.ones(frame.n_ranks)
-    if what == "node":
-        idle[ranks] = np.nan_to_num(pace[ranks, 1], nan=1.0)
     dur, lag = same.dur, same.lag
     mine = np.zeros(frame.n_ranks, bool)
     mine[ranks] = True
