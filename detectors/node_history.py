@@ -185,9 +185,9 @@ def _alone(frame: StepFrame, stages: tuple[np.ndarray, int]) -> np.ndarray:
     keys, n_keys = stages
     pairs = np.unique(keys * len(frame.nodes) + frame.node)
     nodes_per_stage = np.bincount(pairs // len(frame.nodes), minlength=n_keys)
-    shared = np.zeros(len(frame.nodes), dtype=bool)
-    np.logical_or.at(shared, frame.node, nodes_per_stage[keys] > 1)
-    return ~shared
+    shared = np.bincount(frame.node, weights=nodes_per_stage[keys] > 1,
+                         minlength=len(frame.nodes))
+    return shared == 0
 
 
 def _against_others(frame: StepFrame, moved: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
