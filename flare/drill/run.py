@@ -139,6 +139,14 @@ class Truth:
         return culprit in (self.culprit, self.only_link) or (
             self.untraced_node is not None and culprit == f"node:{self.untraced_node}")
 
+    def answered(self, found: IncidentV1 | None, false_device: list[IncidentV1]) -> bool:
+        """Whether a judged diagnosis (`judge`) is right: the incident that answers the
+        fault names it with its kind, and no device incident is false (for `none`: none)."""
+        if self.culprit is None:
+            return not false_device
+        return (found is not None and self.named(found.culprit) and found.kind == self.kind
+                and not false_device)
+
 
 @dataclass(slots=True)
 class KinetoVerdict:
@@ -154,13 +162,7 @@ class KinetoVerdict:
     error: str = ""  # the traces could not be replayed (KinetoError's message)
 
     def passed(self, truth: Truth) -> bool:
-        if self.error:
-            return False
-        if truth.culprit is None:
-            return not self.false_device
-        f = self.found
-        return (f is not None and truth.named(f.culprit) and f.kind == truth.kind
-                and not self.false_device)
+        return not self.error and truth.answered(self.found, self.false_device)
 
 
 @dataclass(slots=True)
@@ -186,11 +188,7 @@ class DrillResult:
         the profiler traces (when asked for) say the same."""
         if self.kineto is not None and not self.kineto.passed(self.truth):
             return False
-        if self.truth.culprit is None:
-            return not self.false_device
-        f = self.found
-        return (f is not None and self.truth.named(f.culprit)
-                and f.kind == self.truth.kind and not self.false_device)
+        return self.truth.answered(self.found, self.false_device)
 
     @property
     def latency_steps(self) -> int | None:
