@@ -35,7 +35,7 @@ import numpy as np
 from detectors.assembly import StepAssembler
 from detectors.base import Stateful
 from detectors.budget import StepBudget
-from detectors.candidates import Candidates
+from detectors.candidates import Z_REPORT, Candidates
 from detectors.compute_suspects import compute_ratio
 from detectors.config import DetectorConfig
 from detectors.evidence import LONG_WINDOW, EvidenceTracker, Track
@@ -48,7 +48,7 @@ from detectors.network_suspects import Topology, one_link, reference_and_peers
 from detectors.node_history import NodeHistory
 from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
-from detectors.reconcile import NETWORK_KINDS, Placement, covering, spread_of
+from detectors.reconcile import NETWORK_KINDS, Placement, covering, nic_of_link, spread_of
 from detectors.rows import group_rows, rank_rows
 from detectors.stacks import StackBook, where_phrase
 from detectors.stalls import stall_seconds
@@ -315,8 +315,12 @@ class JobDiagnoser(Stateful):
         # the noise memory holds no spread yet: their suspects are reported, never evidence.
         counted = cands if self.steps_seen > WARMUP else Candidates()
         baseline = irr.baseline_s if np.isfinite(irr.baseline_s) else step_time
+        recent = self.tracker.peaks()
+        entity = [nic_of_link(e, k, recent, Z_REPORT)
+                  for e, k in zip(counted.entity, counted.kind, strict=True)]
         confirmed = self.tracker.update(
-            frame.step, counted.entity, counted.kind, counted.z, counted.excess_s,
+            frame.step, entity, counted.kind, counted.z,
+            _charged_excess(counted, step_time, baseline, self.tracker.z_on),
             counted.detail, keep, step_s=baseline,
         )
         touched: set[tuple[str, str]] = set()
@@ -547,3 +551,23 @@ class JobDiagnoser(Stateful):
         ends = np.r_[starts[1:], g.size]
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             self.hang.learn_members(frame.groups[int(g[a])], set(ranks[a:b].tolist()))
+
+
+def _charged_excess(cands: Candidates, step_time: float, baseline: float, z_on: float
+                    ) -> list[float]:
+    """Each suspect's excess as its evidence weighs it: its own, but for the strongest
+    significant network suspect of a step that at least doubled, which is charged what the
+    step lost. A burst of a flapping NIC stalls the step twice over or more, and the
+    transfers a step sees slow may be a small part of it: a buffered send returns at once
+    and its transfer shows only in the receiver's wait (`evidence`: two such steps confirm
+    an intermittent fault). Only the network's: a checkpoint or an eval step doubles a step
+    too, and is some rank's time, never a transfer's."""
+    out = list(cands.excess_s)
+    if not (step_time >= 2 * baseline > 0):
+        return out
+    net = [i for i, (k, z) in enumerate(zip(cands.kind, cands.z, strict=True))
+           if k in NETWORK_KINDS and z >= z_on]
+    if net:
+        top = max(net, key=lambda i: cands.z[i])
+        out[top] = max(out[top], step_time - baseline)
+    return out

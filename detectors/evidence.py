@@ -163,6 +163,10 @@ class EvidenceTracker(Stateful):
             tr.intermittent = tr not in confirmed
         return confirmed + [tr for tr in intermittent if tr not in confirmed]
 
+    def peaks(self) -> dict[tuple[str, str], float]:
+        """(entity, kind) → the highest z of each live track in its window."""
+        return {key: max(tr.z, default=0.0) for key, tr in self.tracks.items()}
+
     def ranked(self) -> list[Track]:
         """Tracks with any recent significance, strongest first."""
         live = [t for t in self.tracks.values() if t.hits(self.z_on) > 0]

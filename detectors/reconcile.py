@@ -32,6 +32,20 @@ it outlives the incident, it opens one of its own then.
 True
 >>> spread_of(("gpu", "rank:3"), 27, {("link", "node:n1"): 27}) is None  # not the network
 True
+
+A pipeline link's transfers go through the NICs at its two ends. A NIC that slows for a
+second or two (a flapping one) holds up, in one step, the all-reduces and transfers of every
+kind through it, which names the NIC; and in the next, only the sends still queued behind it,
+which name the link it sent them on: one burst, read as two suspects, each with half of the
+evidence, and an incident on the link if the next burst goes the same way. So a link one of
+whose ends' NIC was a suspect in the steps just before is that NIC seen again
+(`nic_of_link`): its evidence counts for the NIC. Without such an end it stays the link.
+
+>>> recent = {("node:n1", "link"): 6.2, ("node:n3", "link"): 2.9}
+>>> nic_of_link("link:n1~n3", "link", recent, bar=2.5)  # n1's NIC, seen again
+'node:n1'
+>>> nic_of_link("link:n0~n2", "link", recent, bar=2.5)  # no end was a suspect
+'link:n0~n2'
 """
 
 from __future__ import annotations
@@ -102,3 +116,16 @@ def spread_of(candidate: Key, onset: int, open_onsets: Mapping[Key, int]) -> Key
     near = [(abs(onset - o), key) for key, o in open_onsets.items()
             if key[0] in NETWORK_KINDS and key != candidate]
     return min(near)[1] if near else None
+
+
+def nic_of_link(entity: str, kind: str, recent: Mapping[tuple[str, str], float], bar: float
+                ) -> str:
+    """The NIC a pipeline link's slowness belongs to (module doc): of the link's two end
+    nodes, the one whose NIC was a suspect of the steps just before (`recent`: (entity,
+    kind) → its highest z in the evidence window; `bar`: the z that lists a suspect at all),
+    the stronger if both were; the link itself if neither was."""
+    if kind != "link" or not entity.startswith("link:"):
+        return entity
+    ends = [f"node:{n}" for n in entity[5:].split("~")]
+    z, end = max((recent.get((e, "link"), 0.0), e) for e in ends)
+    return end if z >= bar else entity

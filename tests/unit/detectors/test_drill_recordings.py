@@ -139,3 +139,27 @@ def test_a_nic_of_a_two_node_job_is_named_as_the_link_between_them():
         assert (kind, culprit) == ("link", "link:node-0~node-1")
         assert ONSET - 1 <= opened <= ONSET + 3
         assert "cannot tell which" in summary
+
+
+FLAP_ONSET = 42  # the flapping drills' first step under the limit (it starts 2 s on, 2 s off)
+
+
+def test_a_flapping_nic_is_its_nic_not_the_link_its_queued_sends_took():
+    """Node-3's NIC held to 20 Mbit/s 2 s in every 4, every rank traced. A burst stalls one
+    step's all-reduces and transfers through node-3 (the NIC), and in the next only the
+    pipeline sends still queued behind it, which name the link node-1~node-3. Its bursts read
+    as NIC, link, NIC, link, with the NIC's first step just under the bar (z 3.99): the page
+    named the link."""
+    [(opened, kind, culprit)] = _device_incidents("flapping-nic-node-3-burst-as-link.jsonl.gz")
+    assert (kind, culprit) == ("link", "node:node-3")
+    assert opened >= FLAP_ONSET
+
+
+def test_a_flapping_nic_is_named_on_its_first_burst_when_it_stalls_two_steps():
+    """Node-1's NIC flapping: its first burst more than tripled two steps, the first naming
+    node-1's NIC, the second the link from node-1 its queued sends took (a buffered send
+    returns at once, so the step's transfers show little of what it lost). Its bursts then
+    went unnamed or named one step each, 27 steps apart: it was never paged."""
+    [(opened, kind, culprit)] = _device_incidents("flapping-nic-node-1.jsonl.gz")
+    assert (kind, culprit) == ("link", "node:node-1")
+    assert FLAP_ONSET <= opened <= FLAP_ONSET + 2
