@@ -10,7 +10,7 @@ difference between the two step times.
 The replay model, on one clock where each rank begins the step when it did (ranks of
 different pipeline stages begin at different times); node clocks disagree by milliseconds,
 so each node's stamps are first put on that clock by the offset that lines up the ends of
-the collectives it shares with other nodes (`clock_offsets`):
+the collectives it shares with other nodes (`clocks`):
 - an op starts after the op of its rank that ended last before it started (its
   predecessor), plus the lag it had after that one (launch gaps, host work between ops);
   ops that overlapped (async collectives, comm streams) stay overlapped;
@@ -59,13 +59,14 @@ and the job's 60 ms step would have taken 40 ms without rank 1's excess:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from detectors.base import Stateful
 from detectors.features import Instances, StepFeatures, rank_max
 from detectors.network_suspects import REF_QUANTILE, transfer_reference
+from detectors.p2p import delivered
 from detectors.peers import replica_keys, stage_keys
 from detectors.reconcile import NETWORK_KINDS
 from detectors.segments import grouped_median, grouped_quantile, int_codes
@@ -249,11 +250,16 @@ def job_cost(
     each rank's compute ratio and idle factor against its own past where its node is alone
     in its stage (`NodeHistory.observe`), what such a node is priced by, having no peers.
     """
-    inst = feats.inst
     actual = step_span_s(frame)
     if frame.n_ops == 0 or actual <= 0:
         return JobCost(actual, actual)
-    skew = clock_offsets(frame, inst)
+    # each transfer as its data's receiver saw it: a buffered send's shortest copy shows
+    # nothing of what its data took, and the receiver's wait on it would be priced as a wait
+    # on its sender (`p2p`)
+    seen, clocks = delivered(frame, feats.inst)
+    feats = replace(feats, inst=replace(feats.inst, transfer_s=seen))
+    inst = feats.inst
+    skew = clocks.offset_ns
     short = _missing_members(frame, inst.group, inst.n_copies, group_size or {})
     typical = _typical_transfer(inst)
     # an instance that misses untraced members: if even its shortest copy lasted well over
@@ -760,7 +766,7 @@ def _followed_arrival(
 
 def _origins(frame: StepFrame, skew_ns: np.ndarray | None = None) -> np.ndarray:
     """(R,) when each rank began the step, from the first rank's start (ns), on one clock:
-    each node's stamps less its clock's offset (`clock_offsets`; none: taken as agreeing).
+    each node's stamps less its clock's offset (`clocks`; none: taken as agreeing).
     Ranks begin a step when their last one ended, which differs by pipeline stage."""
     if frame.n_ranks == 0:
         return np.zeros(0)
@@ -768,49 +774,6 @@ def _origins(frame: StepFrame, skew_ns: np.ndarray | None = None) -> np.ndarray:
     if skew_ns is not None and skew_ns.size:
         start = start - skew_ns[frame.node]
     return start - start.min()
-
-
-def clock_offsets(frame: StepFrame, inst: Instances, tol_ns: float = 100.0) -> np.ndarray:
-    """(nodes,) each node's clock offset (ns, mean zero), from the collectives that span
-    nodes: every copy of an instance ends at the same moment (the last arrival plus the
-    transfer), so the offsets are those that best line up the copies' ends (least squares,
-    by conjugate gradients on the node graph's Laplacian; a few iterations). Node clocks
-    disagree by milliseconds, which is a tenth of a 0.5 s step's slack: replayed on the
-    stamps as they are, the ranks of a late-stamping node look late to every collective."""
-    n_nodes = len(frame.nodes)
-    out = np.zeros(n_nodes)
-    comm = np.flatnonzero(frame.op_kind != COMPUTE)
-    if n_nodes < 2 or comm.size != inst.copy_inst.size or comm.size == 0:
-        return out
-    use = inst.cross_node[inst.copy_inst]
-    if not use.any():
-        return out
-    t0 = (frame.t_start_ns - frame.t_start_ns.min()).astype(np.float64)
-    end = (t0[inst.copy_rank] + frame.op_start_ns[comm] + frame.op_dur_ns[comm])[use]
-    copy_inst, node = inst.copy_inst[use], frame.node[inst.copy_rank[use]]
-    n_inst = inst.transfer_s.size
-    per_inst = np.maximum(np.bincount(copy_inst, minlength=n_inst), 1)
-
-    def centred(v: np.ndarray) -> np.ndarray:  # v less its instance's mean, summed by node
-        mean = np.bincount(copy_inst, weights=v, minlength=n_inst) / per_inst
-        return np.bincount(node, weights=v - mean[copy_inst], minlength=n_nodes)
-
-    b = centred(end)
-    x = np.zeros(n_nodes)
-    r, p = b.copy(), b.copy()
-    rs = float(r @ r)
-    for _ in range(2 * n_nodes):
-        if rs < tol_ns * tol_ns:
-            break
-        ap = centred(p[node])
-        curv = float(p @ ap)
-        if curv <= 0:
-            break
-        x += rs / curv * p
-        r -= rs / curv * ap
-        rs, last = float(r @ r), rs
-        p = r + rs / last * p
-    return x - x.mean()
 
 
 def _predecessors(ri: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

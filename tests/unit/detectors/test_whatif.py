@@ -5,9 +5,10 @@ import pytest
 
 from detectors.compute_suspects import compute_ratio
 from detectors.features import step_features
+from detectors.p2p import delivered
 from detectors.peers import stage_keys
 from detectors.testing import frame_of, rank_step
-from detectors.whatif import UsualStep, clock_offsets, job_cost
+from detectors.whatif import UsualStep, job_cost
 
 
 def _cost(frame, kind, entity, group_size=None, switch_of=None):
@@ -128,7 +129,7 @@ def test_node_clocks_are_lined_up_before_the_replay():
                ("coll", "all_reduce", "dp.0", 2, end1 + 20.0, 5.0, 1024)]
         msgs.append(rank_step(r, f"n{r}", 0, ops, t0_ns=10**18 + round(skew_ms[r] * 1e6)))
     frame = frame_of(msgs)
-    offsets = clock_offsets(frame, step_features(frame).inst)
+    offsets = delivered(frame, step_features(frame).inst)[1].offset_ns
     by_node = dict(zip(frame.nodes, offsets.tolist(), strict=True))
     mean = sum(skew_ms) / 3
     for r in range(3):
@@ -257,6 +258,31 @@ def test_a_slow_nic_on_a_p2p_transfer_whose_other_end_is_not_traced():
     cost = _cost(frame_of(msgs), "link", "node:n0", group_size={"pp": 2})
     assert cost.actual_s == pytest.approx(0.045)
     assert cost.without_s == pytest.approx(0.030, abs=1e-4)
+
+
+def test_a_slow_nic_under_a_buffered_send_costs_what_its_data_took():
+    """Four pipeline pairs; each sender's send is buffered (its copy 0.01 ms) and its
+    receiver, posted first, gets the data 5 ms later, but 45 ms later through node s3's slow
+    NIC, then computes 10 ms before everyone all-reduces. The shortest copy says the slow
+    pair's transfer took 0.01 ms and its receiver waited on its sender: priced from it, the
+    NIC cost nothing. The data took 45 ms where it takes 5: the job loses 40 ms."""
+    msgs = []
+    for pair in range(4):
+        took = 45.0 if pair == 3 else 5.0
+        end = 66.0  # the slow pair's receiver arrives at 65, then a 1 ms all-reduce
+        msgs.append(rank_step(2 * pair, f"s{pair}", 0, [
+            ("compute", "fwd", "", 0, 0.0, 10.0, 0),
+            ("p2p", "send", f"pp.{pair}", 1, 10.0, 0.01, 1 << 20),
+            ("coll", "all_reduce", "world.0", 1, 10.01, end - 10.01, 8)]))
+        msgs.append(rank_step(2 * pair + 1, f"r{pair}", 0, [
+            ("p2p", "recv", f"pp.{pair}", 1, 0.0, 10.0 + took, 1 << 20),
+            ("compute", "fwd", "", 0, 10.0 + took, 10.0, 0),
+            ("coll", "all_reduce", "world.0", 1, 20.0 + took, end - 20.0 - took, 8)]))
+    frame = frame_of(msgs)
+    cost = _cost(frame, "link", "node:s3")
+    assert cost.actual_s == pytest.approx(0.066)
+    assert cost.lost_s == pytest.approx(0.040, abs=1e-3)
+    assert _cost(frame, "link", "node:s1").lost_s == pytest.approx(0.0, abs=1e-5)
 
 
 def test_a_deep_pipeline_is_replayed_to_its_end():
