@@ -164,8 +164,13 @@ class EvidenceTracker(Stateful):
         return confirmed + [tr for tr in intermittent if tr not in confirmed]
 
     def peaks(self) -> dict[tuple[str, str], float]:
-        """(entity, kind) → the highest z of each live track in its window."""
-        return {key: max(tr.z, default=0.0) for key, tr in self.tracks.items()}
+        """(entity, kind) → the highest z of each live track in its window, or of its costly
+        significant steps within `LONG_WINDOW` (an intermittent fault's, which come several
+        steps apart)."""
+        out = {key: max(tr.z, default=0.0) for key, tr in self.tracks.items()}
+        for key, hits in self.costly.items():
+            out[key] = max(out.get(key, 0.0), max(z for _, _, z in hits))
+        return out
 
     def ranked(self) -> list[Track]:
         """Tracks with any recent significance, strongest first."""

@@ -163,3 +163,13 @@ def test_a_flapping_nic_is_named_on_its_first_burst_when_it_stalls_two_steps():
     [(opened, kind, culprit)] = _device_incidents("flapping-nic-node-1.jsonl.gz")
     assert (kind, culprit) == ("link", "node:node-1")
     assert FLAP_ONSET <= opened <= FLAP_ONSET + 2
+
+
+def test_a_flapping_nic_seen_as_its_pipeline_link_bursts_later_is_still_its_nic():
+    """Node-1's NIC flapping, every rank traced: its bursts were named as its NIC at steps 48
+    and (under the bar) 41, then as its pipeline link to node-3 at 55 and 67, 7 and more
+    steps after the NIC was last a suspect, past the evidence window of 5 steps; the page
+    named the link. An intermittent fault's significant steps are remembered for 25."""
+    [(opened, kind, culprit)] = _device_incidents("flapping-nic-node-1-bursts-apart.jsonl.gz")
+    assert (kind, culprit) == ("link", "node:node-1")
+    assert opened >= FLAP_ONSET

@@ -118,3 +118,18 @@ def test_an_intermittent_incident_outlasts_the_quiet_between_its_bursts():
     resolved = {s: [i.culprit for i in book.quiet_step(set(), s)] for s in range(1, 30)}
     assert resolved[10] == ["rank:1"] and resolved[LONG_WINDOW] == ["node:a"]
     assert steady.resolved_step == 10 and flapping.resolved_step == LONG_WINDOW
+
+
+def test_a_burst_is_remembered_as_a_recent_suspect_until_the_long_window_is_over():
+    """A NIC's burst at step 0 (z 9, a whole step lost) and quiet after: its track is dropped
+    after the window, but a burst on its pipeline link 10 steps later must still find it a
+    recent suspect (`reconcile.nic_of_link`), and 25 steps later no more."""
+    t = EvidenceTracker()
+    _burst(t, 0, 1.0)
+    for s in range(1, 11):
+        _quiet(t, s)
+    assert ("node:a", "link") not in t.tracks
+    assert t.peaks()[("node:a", "link")] == 9.0
+    for s in range(11, 26):
+        _quiet(t, s)
+    assert ("node:a", "link") not in t.peaks()
