@@ -122,8 +122,9 @@ def nic_of_link(entity: str, kind: str, recent: Mapping[tuple[str, str], float],
                 ) -> str:
     """The NIC a pipeline link's slowness belongs to (module doc): of the link's two end
     nodes, the one whose NIC was a suspect of the steps just before (`recent`: (entity,
-    kind) → its highest z in the evidence window; `bar`: the z that lists a suspect at all),
-    the stronger if both were; the link itself if neither was."""
+    kind) → its highest recent z, `EvidenceTracker.peaks`: in the evidence window, or a
+    costly step of the last 25; `bar`: the z that lists a suspect at all), the stronger if
+    both were; the link itself if neither was."""
     if kind != "link" or not entity.startswith("link:"):
         return entity
     ends = [f"node:{n}" for n in entity[5:].split("~")]

@@ -16,7 +16,8 @@ the collectives it shares with other nodes (`clocks`):
   ops that overlapped (async collectives, comm streams) stay overlapped;
 - a compute op lasts its duration;
 - a collective or p2p instance ends when its last member arrives, plus its transfer (the
-  shortest copy: the last arriver's); every copy ends then;
+  shortest copy: the last arriver's; a buffered send's as its receiver saw it, `p2p`);
+  every copy ends then;
 - a member that is not traced arrives when the instance's traced copies say it did (their
   end less the transfer), unless it is the culprit.
 
