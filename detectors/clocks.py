@@ -51,7 +51,7 @@ class NodeClocks:
 
 
 def unaligned(n_nodes: int) -> NodeClocks:
-    """Clocks with nothing to line them up: every node its own part but for itself."""
+    """Clocks with nothing to line them up: offsets 0, and no node comparable with another."""
     return NodeClocks(np.zeros(n_nodes), np.full(n_nodes, -1, dtype=np.int64))
 
 
@@ -73,7 +73,7 @@ def step_clocks(frame: StepFrame, rows: np.ndarray, ids: np.ndarray, group: np.n
     if not use.any():
         return unaligned(len(frame.nodes))
     r = rows[use]
-    rank = np.searchsorted(frame.off, r, side="right") - 1
+    rank = frame.rank_index_of(r)
     end = ((frame.t_start_ns - frame.t_start_ns.min()).astype(np.float64)[rank]
            + frame.op_start_ns[r] + frame.op_dur_ns[r])
     return solve_offsets(end, ids[use], frame.node[rank], len(frame.nodes))

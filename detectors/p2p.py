@@ -74,7 +74,7 @@ def delivered(frame: StepFrame, inst: Instances) -> tuple[np.ndarray, NodeClocks
     for op in ("send", "recv"):
         at = p2p[name == frame.names.index(op)]
         row = rows[at]
-        rank = np.searchsorted(frame.off, row, side="right") - 1
+        rank = frame.rank_index_of(row)
         start = origin[rank] + frame.op_start_ns[row]
         nodes.append(frame.node[rank])
         spans.append(np.stack([start, start + frame.op_dur_ns[row]], axis=1))

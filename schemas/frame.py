@@ -58,6 +58,11 @@ class StepFrame:
         """(N,) index into the rank arrays of every op."""
         return np.repeat(np.arange(self.n_ranks, dtype=np.int64), np.diff(self.off))
 
+    def rank_index_of(self, rows: np.ndarray) -> np.ndarray:
+        """Index into the rank arrays of the ops `rows`: a search per row, for a few rows of
+        a step whose `op_rank_index` would be millions long."""
+        return np.searchsorted(self.off, rows, side="right") - 1
+
     def coord(self, dim: str) -> np.ndarray:
         """(R,) coordinate of each rank in `dim` (tp, pp, dp, ep, cp), -1 where unknown."""
         return self.coords[:, COORD_DIMS.index(dim)]
