@@ -41,6 +41,7 @@ _DTYPE_BYTES = {
 _DESC_KIND = re.compile(r"(?:^|[_\-.:])(tp|dp|pp|ep|cp)$")
 _SAFE = re.compile(r"[^A-Za-z0-9_\-:]")
 UNKNOWN_GROUP = "pg.unknown"
+_THREAD_PREFIX = UNKNOWN_GROUP + "-t"  # a gloo op's group until its thread's is inferred
 
 
 def canonical(name: str) -> str | None:
@@ -121,3 +122,13 @@ def group_name(args: Mapping[str, Any]) -> str:
     if m is not None:
         return f"{m.group(1)}.{gid}"
     return f"pg.{gid}"
+
+
+def thread_group(tid: Any) -> str:
+    """Placeholder group of an unlabelled op run by worker thread `tid` (see `groups`)."""
+    return f"{_THREAD_PREFIX}{tid}"
+
+
+def thread_of(group: str) -> str | None:
+    """The thread of a `thread_group` placeholder, else None."""
+    return group[len(_THREAD_PREFIX):] if group.startswith(_THREAD_PREFIX) else None

@@ -19,7 +19,17 @@ from typing import Any
 
 import orjson
 
-from producers.kineto.trace import KinetoError, NoSteps, RankTrace, parse_trace
+from producers.kineto.groups import ProcessGroup, assign_threads, p2p_candidates, pick_peers
+from producers.kineto.names import UNKNOWN_GROUP, group_name
+from producers.kineto.trace import (
+    KinetoError,
+    NoSteps,
+    RankTrace,
+    p2p_posted,
+    parse_trace,
+    relabel,
+    thread_ops,
+)
 from schemas import topics
 
 _RANK_IN_NAME = re.compile(r"rank[_\-]?(\d+)", re.IGNORECASE)
@@ -84,9 +94,40 @@ def _windows_joined(traces: list[RankTrace]) -> list[RankTrace]:
             raise KinetoError(f"several trace files claim rank {rank} at the same step(s); "
                               "one rank's files must be windows of one run")
         first = parts[0]
+        groups = tuple(dict.fromkeys(g for t in parts for g in t.process_groups))
         out.append(RankTrace(rank, max(t.world_size for t in parts), first.node,
-                             first.local_rank, steps))
+                             first.local_rank, steps, groups))
     return out
+
+
+def _groups_inferred(traces: list[RankTrace]) -> None:
+    """Ops with no group in the trace (gloo's) get one, inferred across all ranks: a
+    collective the group its worker thread serves (`groups.assign_threads`), a send or
+    receive its pair's direction in the smallest group of the two (`groups.pick_peers`)."""
+    threads = {(t.rank, tid): ops for t in traces for tid, ops in thread_ops(t).items()}
+    found = assign_threads(threads, {t.rank: t.process_groups for t in traces})
+    posted = {t.rank: p2p_posted(t) for t in traces}
+    for t in traces:
+        mine = {tid: g for (rank, tid), g in found.items() if rank == t.rank}
+        is_send, start, end = posted[t.rank]
+        candidates = p2p_candidates(t.process_groups, {g.name for g in mine.values()})
+        peers = pick_peers(t.rank, is_send, start, end, candidates, posted)
+        relabel(t, {tid: _wire(g) for tid, g in mine.items()},
+                [_transfer(t, bool(s), int(p)) for s, p in zip(is_send, peers, strict=True)])
+
+
+def _wire(g: ProcessGroup) -> str:
+    return group_name({"Process Group Name": g.name, "Process Group Description": g.desc})
+
+
+def _transfer(t: RankTrace, is_send: bool, peer: int) -> str:
+    """`<group>.<src>-<dst>` as the hook names a pair's direction; a transfer whose peer is
+    not known is the rank's own, matched with nobody's."""
+    shared = [g for g in t.process_groups if peer in g.ranks and t.rank in g.ranks]
+    if peer < 0 or not shared:
+        return f"{UNKNOWN_GROUP}-r{t.rank}"
+    src, dst = (t.rank, peer) if is_send else (peer, t.rank)
+    return f"{_wire(min(shared, key=lambda g: len(g.ranks)))}.{src}-{dst}"
 
 
 def kineto_to_events(paths: Iterable[str | Path], job: str) -> Iterator[Event]:
@@ -106,6 +147,7 @@ def kineto_to_events(paths: Iterable[str | Path], job: str) -> Iterator[Event]:
     if not loaded:
         raise empty[0]
     traces = _windows_joined(loaded)
+    _groups_inferred(traces)
     ranks = [t.rank for t in traces]
     world = max([t.world_size for t in traces] + [max(ranks) + 1])
     t_first = min(m["t_start_ns"] for t in traces for m in t.steps)

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from producers.kineto.groups import ProcessGroup, ThreadOps, process_groups
 from producers.kineto.names import (
     P2P_NAMES,
     UNKNOWN_GROUP,
@@ -37,7 +38,10 @@ from producers.kineto.names import (
     group_name,
     is_nccl_kernel,
     message_bytes,
+    thread_group,
+    thread_of,
 )
+from producers.kineto.waits import Leaves, blocked, pieces
 from schemas.steps_message import steps_message
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -77,6 +81,7 @@ class _Events:
     bwd: list[dict[str, Any]] = field(default_factory=list)
     fwd: list[dict[str, Any]] = field(default_factory=list)
     opt: list[dict[str, Any]] = field(default_factory=list)
+    step_tid: Any = None  # the training thread: the one the profiler steps are on
 
 
 def _scan(events: list[Any]) -> _Events:
@@ -99,6 +104,7 @@ def _scan(events: list[Any]) -> _Events:
             m = _STEP.match(name)
             if m is not None:
                 ev.steps.append((int(m.group(1)), ts, ts + float(e.get("dur", 0) or 0)))
+                ev.step_tid = e.get("tid")
             elif name == "record_param_comms":
                 ev.param_comms.append(e)
             elif name.startswith("autograd::engine::evaluate_function"):
@@ -120,6 +126,19 @@ def _scan(events: list[Any]) -> _Events:
         lst.sort(key=lambda x: x["ts"])
     ev.steps.sort(key=lambda s: s[1])
     return ev
+
+
+def _thread_spans(events: list[Any], tid: Any) -> Iterator[tuple[Any, float, float, bool]]:
+    """The CPU-side spans of one thread but its profiler steps: (tid, ts, dur, is it
+    communication), what `waits.Leaves` reads. A second pass, only on CPU traces: a GPU
+    trace's millions of events are not kept twice."""
+    for e in events:
+        if (isinstance(e, dict) and e.get("ph") == "X" and e.get("tid") == tid
+                and e.get("cat") in ("cpu_op", "user_annotation")):
+            name, ts = e.get("name"), e.get("ts")
+            if isinstance(name, str) and isinstance(ts, int | float) and not _STEP.match(name):
+                yield (tid, ts, float(e.get("dur", 0) or 0),
+                       name == "record_param_comms" or comm_event_name(name) is not None)
 
 
 class _Clock:
@@ -180,7 +199,16 @@ def _comm_ops(ev: _Events, clock: _Clock) -> list[Op]:
             wire = comm_event_name(g["name"]) or "sendrecv"
             call = issued[wire].popleft() if issued[wire] else None
             args = (call.get("args") or {}) if call is not None else {}
-            ops.append(_op_from(g, wire, args, clock, call["ts"] if call else g["ts"]))
+            op = _op_from(g, wire, args, clock, call["ts"] if call else g["ts"])
+            if op.kind == "p2p" and call is not None:
+                # A send or receive runs on the calling thread, and its wait is in the
+                # call or in the gloo event after it, depending on the version: the op
+                # is both, from its post to its end.
+                end = max(op.start_ns + op.dur_ns, op.anchor_ns + clock.dur(call))
+                op.start_ns, op.dur_ns = op.anchor_ns, end - op.anchor_ns
+            elif op.group == UNKNOWN_GROUP:
+                op.group = thread_group(g.get("tid", ""))  # its group's thread: see groups
+            ops.append(op)
         return ops
     for source in (ev.param_comms, ev.c10d, ev.nccl_cpu):
         if source:
@@ -237,6 +265,7 @@ class RankTrace:
     node: str
     local_rank: int
     steps: list[dict[str, Any]]
+    process_groups: tuple[ProcessGroup, ...] = ()  # the rank's groups, from pg_config
 
 
 def parse_trace(doc: Mapping[str, Any], job: str, *, rank: int | None, node: str | None,
@@ -263,7 +292,12 @@ def parse_trace(doc: Mapping[str, Any], job: str, *, rank: int | None, node: str
     t0s = np.array([clock.ns(s[1]) for s in ev.steps], dtype=np.int64)
     t1s = np.array([clock.ns(s[2]) for s in ev.steps], dtype=np.int64)
     per_step: list[list[Op]] = [[] for _ in ev.steps]
-    for op in _comm_ops(ev, clock) + _compute_ops(ev, clock):
+    comm_ops = _comm_ops(ev, clock)
+    on_gpu = bool(ev.nccl_kernels or ev.compute_kernels)
+    waits = None if on_gpu else blocked(
+        ((o.start_ns, o.start_ns + o.dur_ns) for o in comm_ops),
+        Leaves.of(_thread_spans(events, ev.step_tid), ev.step_tid, clock.ns))
+    for op in comm_ops + _compute_ops(ev, clock):
         i = int(np.searchsorted(t0s, op.anchor_ns, side="right")) - 1
         if i >= 0 and op.anchor_ns <= t1s[i]:
             per_step[i].append(op)
@@ -273,12 +307,12 @@ def parse_trace(doc: Mapping[str, Any], job: str, *, rank: int | None, node: str
                                               strict=True):
         comm = sorted((o for o in ops if o.kind != "compute"), key=lambda o: o.start_ns)
         compute = _merge_compute([o for o in ops if o.kind == "compute"], t0)
-        counters: dict[str, int] = defaultdict(int)
-        seqs = []
-        for o in comm:
-            seqs.append((step_no << _SEQ_SHIFT) | counters[o.group])
-            counters[o.group] += 1
-        seqs += list(range(len(compute)))
+        if waits is not None:  # the CPU's phases cut around their waits (`waits`)
+            compute = [Op(o.kind, o.name, "", a, b - a, 0, a) if o.name in _SPANNED else o
+                       for o in compute
+                       for a, b in (pieces(o.start_ns, o.start_ns + o.dur_ns, waits)
+                                    if o.name in _SPANNED else [(0, 0)])]
+        seqs = _seqs(step_no, [o.group for o in comm]) + list(range(len(compute)))
         allops = comm + compute
         t_end = max([t1] + [o.start_ns + o.dur_ns for o in allops])
         messages.append(steps_message(
@@ -292,4 +326,69 @@ def parse_trace(doc: Mapping[str, Any], job: str, *, rank: int | None, node: str
             dur_ns=[o.dur_ns for o in allops],
             bytes=[o.nbytes for o in allops],
         ))
-    return RankTrace(rank, world, node, local, messages)
+    return RankTrace(rank, world, node, local, messages, process_groups(dist))
+
+
+_SPANNED = ("fwd", "bwd")  # the phases timed as spans of everything the thread did
+
+
+def _seqs(step_no: int, groups: list[str]) -> list[int]:
+    """Per group, the i-th communication op of profiler step `step_no` (see module doc)."""
+    counters: dict[str, int] = defaultdict(int)
+    seqs = []
+    for g in groups:
+        seqs.append((step_no << _SEQ_SHIFT) | counters[g])
+        counters[g] += 1
+    return seqs
+
+
+def thread_ops(trace: RankTrace) -> dict[str, ThreadOps]:
+    """The rank's collectives whose group is still their worker thread's, by thread."""
+    by: dict[str, tuple[list[str], list[int], list[int], list[int]]] = {}
+    for m in trace.steps:
+        ops = m["ops"]
+        for g, n, st, d in zip(ops["group"], ops["name"], ops["start_ns"], ops["dur_ns"],
+                               strict=True):
+            tid = thread_of(g)
+            if tid is not None:
+                names, ends, durs, steps = by.setdefault(tid, ([], [], [], []))
+                names.append(n)
+                ends.append(m["t_start_ns"] + st + d)
+                durs.append(d)
+                steps.append(m["step"])
+    return {tid: ThreadOps.of(*cols) for tid, cols in by.items()}
+
+
+def p2p_posted(trace: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rank's p2p ops with no group in the trace, in message order: (is_send, start_ns,
+    end_ns), what `groups.pick_peers` pairs them by."""
+    rows = [(n == "send", m["t_start_ns"] + st, m["t_start_ns"] + st + d)
+            for m in trace.steps
+            for k, n, g, st, d in zip(*(m["ops"][c] for c in _P2P_COLUMNS), strict=True)
+            if k == "p2p" and g == UNKNOWN_GROUP]
+    if not rows:
+        return np.empty(0, dtype=bool), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    send, start, end = zip(*rows, strict=True)
+    return (np.array(send, dtype=bool), np.array(start, dtype=np.int64),
+            np.array(end, dtype=np.int64))
+
+
+_P2P_COLUMNS = ("kind", "name", "group", "start_ns", "dur_ns")
+
+
+def relabel(trace: RankTrace, threads: Mapping[str, str], transfers: list[str]) -> None:
+    """Give the ops with no group in the trace their inferred groups, and number them again
+    per group: collectives by their thread (`threads`: thread → wire name; others become
+    `pg.unknown`), p2p ops by `transfers` (one wire name each, in `p2p_posted` order)."""
+    left = iter(transfers)
+    for m in trace.steps:
+        ops = m["ops"]
+        groups = [next(left) if k == "p2p" and g == UNKNOWN_GROUP
+                  else g if (t := thread_of(g)) is None else threads.get(t, UNKNOWN_GROUP)
+                  for k, g in zip(ops["kind"], ops["group"], strict=True)]
+        if groups == ops["group"]:
+            continue
+        comm = [i for i, k in enumerate(ops["kind"]) if k != "compute"]
+        for i, q in zip(comm, _seqs(m["step"], [groups[i] for i in comm]), strict=True):
+            ops["seq"][i] = q
+        ops["group"] = groups

@@ -15,6 +15,7 @@ import pytest
 
 from producers.kineto.replay import kineto_to_events
 from schemas.decode import decode_job, decode_steps
+from schemas.rankstep import KIND_CODE
 
 pytestmark = pytest.mark.torch
 
@@ -97,3 +98,123 @@ def test_traces_of_a_real_gloo_run(tmp_path):
 
     assert fwd(1) > 0.04e9 > fwd(0)  # rank 1's forward is slowed by 50 ms
     assert waited(0) > waited(1) + 0.02e9  # rank 0 waits for it in the all-reduces
+
+
+def profiled_groups_train(rank: int, world: int, port: int, out: str, slow_rank: int) -> None:
+    """4 ranks: tensor-parallel pairs {0,1} {2,3} all-reduce in the forward, data-parallel
+    pairs {0,2} {1,3} reduce gradients, everyone all-reduces the loss, and pipeline pairs
+    (groups of their own, on the data-parallel pairs' ranks) send and receive."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    tp = {n: dist.new_group([2 * n, 2 * n + 1]) for n in range(2)}[rank // 2]
+    dp = {t: dist.new_group([t, t + 2]) for t in range(2)}[rank % 2]
+    pp = {t: dist.new_group([t, t + 2]) for t in range(2)}[rank % 2]
+    peer = rank + 2 if rank < 2 else rank - 2
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(3))
+    x = torch.randn(32, 64)
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=6)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                schedule=sched,
+                                on_trace_ready=torch.profiler.tensorboard_trace_handler(out)) as p:
+        for _ in range(8):
+            h = x
+            for layer in layers:
+                if rank == slow_rank:
+                    end = time.perf_counter() + 0.03
+                    while time.perf_counter() < end:
+                        torch.tanh(torch.randn(64, 64) @ torch.randn(64, 64))
+                h = torch.relu(layer(h))
+                shared = h.detach().clone()
+                dist.all_reduce(shared, group=tp)  # a tensor-parallel layer's all-reduce
+            loss = h.pow(2).mean()
+            loss.backward()
+            for prm in layers.parameters():
+                dist.all_reduce(prm.grad, group=dp)
+            dist.all_reduce(loss.detach().clone())  # the logged loss, over everyone
+            msg = torch.zeros(256)
+            if rank < 2:
+                dist.send(msg, peer, group=pp)
+                dist.recv(msg, peer, group=pp)
+            else:
+                dist.recv(msg, peer, group=pp)
+                dist.send(msg, peer, group=pp)
+            layers.zero_grad()
+            p.step()
+    dist.destroy_process_group()
+
+
+def test_gloo_traces_get_their_groups_inferred(tmp_path):
+    """torch's gloo events name no process group: the replay tells each collective's group
+    from the thread that ran it and each send's peer from the pair groups, so every
+    instance matches across exactly its members; a rank waiting on a slow tensor-parallel
+    peer inside its forward does not compute for the time it waited."""
+    pytest.importorskip("torch")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = [subprocess.Popen(
+        [sys.executable, "-c",
+         f"from tests.integration.test_kineto_gloo import profiled_groups_train; "
+         f"profiled_groups_train({r}, 4, {port}, {str(tmp_path)!r}, 1)"],
+        cwd=REPO, env=env) for r in range(4)]
+    try:
+        for p in procs:
+            assert p.wait(180) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    by_rank = defaultdict(list)
+    for _t, _k, v, _ts in list(kineto_to_events([tmp_path], "gloo-groups"))[1:]:
+        m = decode_steps(orjson.dumps(v))
+        by_rank[m.rank].append(m)
+    assert sorted(by_rank) == [0, 1, 2, 3]
+    members: dict[str, set[int]] = defaultdict(set)
+    per_step: dict[tuple[int, str], set[int]] = defaultdict(set)
+    for r, ms in by_rank.items():
+        assert len(ms) == 6
+        for m in ms:
+            for g, k in zip(m.group, m.kind, strict=True):
+                if k == KIND_CODE["coll"]:
+                    members[g].add(r)
+            colls = [g for g, k in zip(m.group, m.kind, strict=True) if k == KIND_CODE["coll"]]
+            for g in set(colls):
+                per_step[(r, g)].add(colls.count(g))
+    assert "pg.unknown" not in members
+    # the groups are exactly the job's: two TP pairs, two DP pairs, everyone
+    assert sorted(map(sorted, members.values())) == [[0, 1], [0, 1, 2, 3], [0, 2], [1, 3],
+                                                     [2, 3]]
+    world = next(g for g, rs in members.items() if len(rs) == 4)
+    tp_of = {r: next(g for g, rs in members.items() if rs == {2 * (r // 2), 2 * (r // 2) + 1})
+             for r in range(4)}
+    dp_of = {r: next(g for g, rs in members.items() if rs == {r % 2, r % 2 + 2})
+             for r in range(4)}
+    for r in range(4):  # 3 TP all-reduces, 6 gradients, 1 loss, in every step
+        assert per_step[(r, tp_of[r])] == {3} and per_step[(r, dp_of[r])] == {6}
+        assert per_step[(r, world)] == {1}
+    # the same collective instance has the same (group, seq) on every member
+    keys = {r: {(g, int(q)) for m in ms for g, q, k in zip(m.group, m.seq, m.kind, strict=True)
+                if k} for r, ms in by_rank.items()}
+    for g, rs in members.items():
+        own = [{key for key in keys[r] if key[0] == g} for r in sorted(rs)]
+        assert all(o == own[0] and o for o in own), g
+    # each pipeline pair's directions: the sender's send is its receiver's receive
+    for src, dst in ((0, 2), (2, 0), (1, 3), (3, 1)):
+        sent = {key for key in keys[src] if key[0].endswith(f".{src}-{dst}")}
+        got = {key for key in keys[dst] if key[0].endswith(f".{src}-{dst}")}
+        assert len(sent) == 6 and sent == got, (src, dst, sent, got)
+
+    def fwd(r):  # a forward is cut around the all-reduces it waited in: its pieces' sum
+        return np.median([sum(d for n, d in zip(m.name, m.dur_ns.tolist(), strict=True)
+                              if n == "fwd") for m in by_rank[r]])
+
+    # rank 1 computes 90 ms more per forward; rank 0 spends it waiting, not computing
+    assert fwd(1) > 0.08e9 and fwd(0) < 0.5 * fwd(1)

@@ -1,0 +1,371 @@
+"""Process groups of the collectives a trace does not label, told from the traces themselves.
+
+Why: under gloo (CPU training) a collective's trace events carry no process group. Replayed
+as one group (`pg.unknown`), a rank's TP, DP and world collectives number into one sequence,
+no instance matches across ranks, and a drill's slowed rank or NIC read as a job-wide shift.
+
+What the traces do carry:
+- `distributedInfo.pg_config`: the groups the rank belongs to, with their global names (the
+  order of creation, the same on every rank) and member ranks;
+- the worker thread that ran each collective: every gloo process group owns its threads
+  (`THREADS_PER_GROUP`), so a thread's collectives are all one group's.
+
+Three things tell which group a thread serves, each checking the one before:
+1. **When its collectives end.** The copies of one collective instance end together on every
+   member: the last chunk reaches them all within a hop. So for the thread's group, each
+   traced member has an op of the same name ending at the same time, up to its clock's
+   constant offset; for another candidate, the nearest ends on some member belong to other
+   instances (another TP pair's all-reduce of the same layer) and stray with the ranks'
+   jitter. The largest group all of whose traced members end with the thread fits best
+   (every subgroup of a world collective fits it too) (`_costs`).
+2. **The order gloo made the threads in.** A group's threads start when it is created, in
+   the order of the groups' names, so a rank's threads sorted by id fall into consecutive
+   blocks of one group each. Timing picks which groups the blocks are; the blocks are kept
+   when no thread pays much for them (`_in_creation_order`).
+3. **How many ops each member ran.** Every member of a group runs as many of its ops in each
+   step. A thread that leaves its rank's count off the other members' is moved to the group
+   that lacks exactly its ops (`_repaired`).
+
+A thread no traced member can speak for keeps `pg.unknown`. The p2p ops (gloo runs them on
+the calling thread) get their pair from the rank's groups that ran no collective, a
+pipeline's pair groups, and from which receive each send's data released (`pick_peers`).
+NCCL traces name their groups since torch 2.2; older ones, whose kernels sit on one CUDA
+stream per group, are not inferred here.
+
+>>> world, tp0, tp1 = (ProcessGroup("0", "default_pg", (0, 1, 2, 3)),
+...                    ProcessGroup("1", "", (0, 1)), ProcessGroup("2", "", (2, 3)))
+>>> ms, rng = 1_000_000, np.random.default_rng(0)
+>>> lag = rng.integers(0, 5 * ms, size=(2, 20))  # each TP group's own pace, step by step
+>>> steps = np.arange(20)
+>>> threads = {}
+>>> for r in range(4):  # threads 11, 12 take turns at the world all-reduce; 13, 14 the TP's
+...     for tid, turn in (("13", 0), ("14", 1)):
+...         at = steps[turn::2]
+...         threads[(r, tid)] = ThreadOps.of(["all_reduce"] * 10,
+...                                          at * 100 * ms + 40 * ms + lag[r // 2][at], ms, at)
+...     for tid, turn in (("11", 0), ("12", 1)):
+...         at = steps[turn::2]
+...         threads[(r, tid)] = ThreadOps.of(["all_reduce"] * 10, at * 100 * ms + 90 * ms, ms,
+...                                          at)
+>>> found = assign_threads(threads, {0: (world, tp0), 1: (world, tp0), 2: (world, tp1),
+...                                  3: (world, tp1)})
+>>> found[(0, "13")].name, found[(0, "12")].name, found[(3, "14")].name
+('1', '0', '2')
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+
+KAPPA = 2.0  # a member ends with the thread when it scatters within this × the closest
+THREADS_PER_GROUP = 2  # ProcessGroupGloo's worker threads per group (its default)
+_OTHER_FIT, _UNSEEN = 0.2, 2.0  # thread costs (see _costs)
+_MEAN_ACCEPTED, _WORST_ACCEPTED = 1.0, 4.0  # what the creation-order prior may cost
+_MIN_MATCHED = 3  # ops a thread needs before its group is judged
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessGroup:
+    """One entry of a trace's `pg_config`: global name, description, member ranks."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadOps:
+    """A worker thread's collectives: names, end times and durations (ns), and the profiler
+    step each was issued in."""
+
+    names: np.ndarray  # str
+    end_ns: np.ndarray  # int64
+    dur_ns: np.ndarray  # int64
+    step: np.ndarray  # int64
+
+    @staticmethod
+    def of(names: list[str], end_ns: Any, dur_ns: Any, step: Any) -> ThreadOps:
+        n = len(names)
+
+        def col(x: Any) -> np.ndarray:
+            return np.broadcast_to(np.asarray(x, dtype=np.int64), (n,)).copy()
+
+        return ThreadOps(np.asarray(names, dtype=str), col(end_ns), col(dur_ns), col(step))
+
+
+def process_groups(dist: Mapping[str, Any]) -> tuple[ProcessGroup, ...]:
+    """The groups of a trace's `distributedInfo` with two members or more (a lone rank's
+    group has no peer to wait for); malformed entries are skipped."""
+    out = []
+    for g in dist.get("pg_config") or ():
+        if not isinstance(g, Mapping):
+            continue
+        ranks = g.get("ranks")
+        if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
+            continue
+        if len(set(ranks)) >= 2 and g.get("pg_name") is not None:
+            out.append(ProcessGroup(str(g["pg_name"]), str(g.get("pg_desc") or ""),
+                                    tuple(sorted(set(ranks)))))
+    return tuple(out)
+
+
+def _scatter(mine: ThreadOps, theirs: Mapping[str, np.ndarray]) -> float | None:
+    """How far the nearest of a member's same-name op ends stray from this thread's, once
+    the member's clock offset (their median gap) is taken off: the median absolute gap, in
+    ns. None when the member has too few such ops to say."""
+    parts = [(mine.names == n, t) for n in np.unique(mine.names)
+             if (t := theirs.get(str(n))) is not None and t.size > 0]
+    if sum(int(sel.sum()) for sel, _t in parts) < _MIN_MATCHED:
+        return None
+    offset = float(np.median(np.concatenate(
+        [_nearest_gap(mine.end_ns[sel], t) for sel, t in parts])))
+    gaps = np.concatenate([_nearest_gap(mine.end_ns[sel] + offset, t) for sel, t in parts])
+    return float(np.median(np.abs(gaps)))
+
+
+def _nearest_gap(ends: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+    """For each end, the signed gap to the nearest of `theirs` (sorted)."""
+    if theirs.size == 1:
+        return theirs[0] - ends
+    i = np.clip(np.searchsorted(theirs, ends), 1, theirs.size - 1)
+    lo, hi = theirs[i - 1] - ends, theirs[i] - ends
+    return np.where(np.abs(lo) <= np.abs(hi), lo, hi)
+
+
+def _costs(rank: int, mine: ThreadOps, groups: tuple[ProcessGroup, ...],
+           scatter: Mapping[int, float], floor: float) -> dict[ProcessGroup, float]:
+    """How badly each of the rank's groups explains the thread's ops: 0 for the likeliest.
+
+    Each traced member of any of the rank's groups either ends its ops with this thread's
+    (its `scatter` within `KAPPA` times the closest member's, or the job's usual closest,
+    `floor`, when that is larger: a few ops can end a member within 1 µs by chance) or not.
+    A group fits when all its traced members do: the largest fitting group costs 0 (a world
+    collective fits every subgroup too), the other fits `_OTHER_FIT`, a group whose worst
+    member strays costs 1 plus the log of how far, and a group no traced member speaks for
+    `_UNSEEN`.
+    """
+    if not scatter:
+        return {}
+    near = KAPPA * max(min(scatter.values()), floor) + 0.01 * float(np.median(mine.dur_ns))
+    worst = {g: max((scatter[m] for m in g.ranks if m in scatter), default=None)
+             for g in groups}
+    fitting = [(len(g.ranks), -w, _order(g), g) for g, w in worst.items()
+               if w is not None and w <= near]
+    largest = max(fitting, key=lambda x: x[:3])[3] if fitting else None
+    return {g: _UNSEEN if w is None else 0.0 if g == largest else _OTHER_FIT if w <= near
+            else 1.0 + float(np.log(w / near)) for g, w in worst.items()}
+
+
+def _in_creation_order(tids: list[str], costs: list[dict[ProcessGroup, float]],
+                       groups: tuple[ProcessGroup, ...]) -> list[ProcessGroup] | None:
+    """The threads' groups when gloo made them as it does: each group's
+    `THREADS_PER_GROUP` worker threads at its creation, groups in the order their names
+    count, so a rank's threads sorted by id fall into consecutive blocks of one group each,
+    in that order. The cheapest such assignment, or None when the threads do not divide
+    into blocks or it would give some thread a group that clearly does not explain it (a
+    job with other thread counts, or groups created lazily)."""
+    k = THREADS_PER_GROUP
+    order = sorted(groups, key=lambda g: -_order(g))
+    if not tids or len(tids) % k or len(tids) // k > len(order):
+        return None
+    blocks = len(tids) // k
+    cost = np.array([[sum(costs[b * k + i].get(g, _UNSEEN) for i in range(k)) for g in order]
+                     for b in range(blocks)])
+    best = np.full(cost.shape, np.inf)  # best[b, j]: blocks 0..b placed, block b on group j
+    came = np.zeros(cost.shape, dtype=np.int64)
+    best[0] = cost[0]
+    for b in range(1, blocks):
+        for j in range(1, len(order)):
+            i = int(np.argmin(best[b - 1][:j]))
+            best[b, j] = cost[b, j] + best[b - 1][i]
+            came[b, j] = i
+    j = int(np.argmin(best[-1]))
+    if not np.isfinite(best[-1, j]):
+        return None
+    picks = [j]
+    for b in range(blocks - 1, 0, -1):
+        j = int(came[b, j])
+        picks.append(j)
+    chosen = [order[j] for j in reversed(picks) for _ in range(k)]
+    paid = [c.get(g, _UNSEEN) for c, g in zip(costs, chosen, strict=True)]
+    if sum(paid) > _MEAN_ACCEPTED * len(paid) or max(paid) > _WORST_ACCEPTED:
+        return None
+    return chosen
+
+
+def assign_threads(threads: Mapping[tuple[int, str], ThreadOps],
+                   groups: Mapping[int, tuple[ProcessGroup, ...]]
+                   ) -> dict[tuple[int, str], ProcessGroup]:
+    """(rank, thread) → the process group its collectives belong to, where the traces tell.
+
+    `threads`: every traced rank's worker threads with their collectives. `groups`: each
+    rank's process groups (`process_groups`). Each thread first gets its best fit (module
+    doc); then the members of every group must have run as many of its ops in each step,
+    and a thread that breaks that is moved to another group it fits (`_repaired`).
+    """
+    ends: dict[int, dict[str, list[np.ndarray]]] = {}
+    for (rank, _tid), ops in threads.items():
+        by = ends.setdefault(rank, {})
+        for n in np.unique(ops.names):
+            by.setdefault(str(n), []).append(ops.end_ns[ops.names == n])
+    ends_by_rank = {r: {n: np.sort(np.concatenate(v)) for n, v in by.items()}
+                    for r, by in ends.items()}
+    out: dict[tuple[int, str], ProcessGroup] = {}
+    fits: dict[tuple[int, str], list[ProcessGroup]] = {}
+    scatter = {}
+    for (rank, tid), ops in threads.items():
+        peers = {m for g in groups.get(rank, ()) for m in g.ranks
+                 if m != rank and m in ends_by_rank}
+        scatter[(rank, tid)] = {m: s for m in peers
+                                if (s := _scatter(ops, ends_by_rank[m])) is not None}
+    closest = [min(v.values()) for v in scatter.values() if v]
+    floor = float(np.median(closest)) if closest else 0.0
+    for rank in {k[0] for k in threads}:
+        keys = sorted((k for k in threads if k[0] == rank), key=lambda k: _tid_order(k[1]))
+        costs = [_costs(rank, threads[k], groups.get(rank, ()), scatter[k], floor)
+                 for k in keys]
+        for k, c in zip(keys, costs, strict=True):
+            fits[k] = sorted(c, key=lambda g: c[g])
+            if fits[k]:
+                out[k] = fits[k][0]
+        blocks = _in_creation_order([k[1] for k in keys], costs, groups.get(rank, ()))
+        if blocks is not None:
+            out.update(zip(keys, blocks, strict=True))
+    return _repaired(out, fits, threads)
+
+
+def _tid_order(tid: str) -> tuple[int, str]:
+    return (int(tid), "") if tid.isdigit() else (1 << 62, tid)
+
+
+def _order(g: ProcessGroup) -> int:
+    """Later-created groups rank lower among equals: groups with the same members are told
+    apart by no timing, and every member must pick the same one."""
+    return -int(g.name) if g.name.isdigit() else 0
+
+
+def _repaired(out: dict[tuple[int, str], ProcessGroup],
+              fits: Mapping[tuple[int, str], list[ProcessGroup]],
+              threads: Mapping[tuple[int, str], ThreadOps]) -> dict[tuple[int, str],
+                                                                   ProcessGroup]:
+    """Move threads until every group's traced members run the same number of its ops in
+    each step they all traced.
+
+    A world all-reduce whose copies end within tens of µs also fits a pair of its members,
+    and with a few such ops a thread can be given the pair. The pair's count then has one
+    op too many on that rank, in exactly the steps where that thread ran one, and the
+    world's one too few: the thread whose per-step count is that difference moves to the
+    group it fits that lacks it.
+    """
+    if not threads:
+        return out
+    steps = np.unique(np.concatenate([t.step for t in threads.values()]))
+    per: dict[tuple[int, str], np.ndarray] = {
+        k: np.bincount(np.searchsorted(steps, t.step), minlength=steps.size)
+        for k, t in threads.items()}
+    traced: dict[int, np.ndarray] = {}
+    for (rank, _tid), v in per.items():
+        traced[rank] = traced.get(rank, np.zeros(steps.size, dtype=bool)) | (v > 0)
+    for _ in range(len(out)):
+        moved = False
+        # the larger groups first: more members agree on what each should count
+        for g in sorted({g for f in fits.values() for g in f}, key=lambda g: -len(g.ranks)):
+            ranks = [r for r in g.ranks if r in traced]
+            mask = np.logical_and.reduce([traced[r] for r in ranks])
+            if len(ranks) < 2 or mask.sum() < _MIN_MATCHED:
+                continue
+            count = {r: sum((per[k][mask] for k, h in out.items() if k[0] == r and h == g),
+                            np.zeros(int(mask.sum()), dtype=np.int64)) for r in ranks}
+            votes = Counter(tuple(v.tolist()) for v in count.values()).most_common(2)
+            if len(votes) == 1 or votes[0][1] == votes[1][1]:
+                continue  # all agree, or nothing to repair towards
+            ref = np.array(votes[0][0], dtype=np.int64)
+            for r, v in count.items():
+                if (ref != v).any() and _move(out, fits, per, mask, r, g, ref - v):
+                    moved = True
+        if not moved:
+            break
+    return out
+
+
+def _move(out: dict[tuple[int, str], ProcessGroup],
+          fits: Mapping[tuple[int, str], list[ProcessGroup]], per: Mapping[tuple[int, str],
+                                                                           np.ndarray],
+          mask: np.ndarray, rank: int, g: ProcessGroup, need: np.ndarray) -> bool:
+    """Move one or two of the rank's threads (a group has two by default) whose per-step
+    counts add up to `need`: into `g` when it lacks them, out of it (to each thread's next
+    best fit) when it has them too many."""
+    if (need > 0).any() and (need < 0).any():
+        return False
+    into = bool((need > 0).any())
+    pool = [k for k in per if k[0] == rank and
+            ((out.get(k) != g and g in fits.get(k, ())) if into else out.get(k) == g)]
+    for n in (1, 2):
+        for ks in combinations(pool, n):
+            if np.array_equal(sum(per[k][mask] for k in ks), np.abs(need)):
+                for k in ks:
+                    others = [h for h in fits.get(k, ()) if h != g]
+                    if into:
+                        out[k] = g
+                    elif others:
+                        out[k] = others[0]
+                    else:
+                        del out[k]
+                return True
+    return False
+
+
+def p2p_candidates(groups: tuple[ProcessGroup, ...], serving: set[str]) -> tuple[int, ...]:
+    """The ranks a rank's p2p ops may go to: the members of its groups that ran none of its
+    collectives (a pipeline's pair groups exist for their sends and receives), the default
+    group aside (it holds every rank and tells nothing)."""
+    spare = [g for g in groups if g.name not in serving and g.desc != "default_pg"]
+    return tuple(sorted({r for g in spare for r in g.ranks}))
+
+
+def pick_peers(rank: int, is_send: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray,
+               candidates: tuple[int, ...],
+               posted: Mapping[int, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Each p2p op's peer rank (-1: not known).
+
+    With one candidate that is the peer, traced or not. With several, a send's peer is the
+    traced candidate whose receive ended soonest after the send was posted, and a receive's
+    the one whose send was posted last before it ended: data is received after it is sent,
+    and a blocked receiver is released by its own sender's data, not by another pair's.
+    `posted`: each traced rank's (is_send, start_ns, end_ns) of its p2p ops.
+    """
+    peer = np.full(is_send.size, -1, dtype=np.int64)
+    others = [c for c in candidates if c != rank]
+    if len(others) == 1:
+        peer[:] = others[0]
+        return peer
+    best = np.full(is_send.size, np.inf)
+    for c in others:
+        if c not in posted:
+            continue
+        c_send, c_start, c_end = posted[c]
+        recv_ends = np.sort(c_end[~c_send])
+        send_starts = np.sort(c_start[c_send])
+        delay = np.full(is_send.size, np.inf)
+        if recv_ends.size:  # my send → its receive ending soonest after my post
+            i = np.searchsorted(recv_ends, start_ns[is_send])
+            ok = i < recv_ends.size
+            d = np.full(i.size, np.inf)
+            d[ok] = recv_ends[i[ok]] - start_ns[is_send][ok]
+            delay[is_send] = d
+        if send_starts.size:  # my receive ← its send posted last before my end
+            i = np.searchsorted(send_starts, end_ns[~is_send], side="right") - 1
+            ok = i >= 0
+            d = np.full(i.size, np.inf)
+            d[ok] = end_ns[~is_send][ok] - send_starts[i[ok]]
+            delay[~is_send] = d
+        better = delay < best
+        best[better] = delay[better]
+        peer[better] = c
+    return peer

@@ -1,0 +1,100 @@
+"""A gloo trace's unlabelled ops get their groups: threads by their ends, sends by their pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from producers.kineto.groups import (
+    ProcessGroup,
+    ThreadOps,
+    _repaired,
+    assign_threads,
+    p2p_candidates,
+    pick_peers,
+    process_groups,
+)
+
+MS = 1_000_000
+WORLD = ProcessGroup("0", "default_pg", (0, 1, 2, 3))
+TP = (ProcessGroup("1", "undefined", (0, 1)), ProcessGroup("2", "undefined", (2, 3)))
+DP = (ProcessGroup("3", "undefined", (0, 2)), ProcessGroup("4", "undefined", (1, 3)))
+
+
+def test_pg_config_keeps_groups_of_two_or_more_and_skips_what_is_malformed():
+    dist = {"pg_config": [
+        {"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
+        {"pg_name": "5", "pg_desc": "undefined", "ranks": [2]},  # a lone rank waits on nobody
+        {"pg_name": "6", "ranks": "0,1"},
+        "junk",
+        {"pg_name": "7", "pg_desc": "mesh_tp", "ranks": [3, 1, 1]},
+    ]}
+    assert process_groups(dist) == (WORLD, ProcessGroup("7", "mesh_tp", (1, 3)))
+    assert process_groups({}) == ()
+
+
+def _job(rng, world_turns=(0, 1)):
+    """4 ranks × 30 steps: each TP pair's all-reduce at its own pace (ms of lag, step by
+    step), each DP pair's at another, one world all-reduce that ends on all four together;
+    every group's two threads take turns, threads numbered in the groups' creation order."""
+    steps = np.arange(30)
+    tp_lag = rng.integers(0, 5 * MS, size=(2, 30))
+    dp_lag = rng.integers(0, 5 * MS, size=(2, 30))
+    threads = {}
+    for r in range(4):
+        base = 100 * r
+        for k, (at_ms, lag) in enumerate(((90, None), (40, tp_lag[r // 2]),
+                                          (70, dp_lag[r % 2]))):
+            for turn in (0, 1):
+                at = steps[turn::2]
+                ends = at * 100 * MS + at_ms * MS + (0 if lag is None else lag[at])
+                ends = ends + rng.integers(0, 20_000, size=at.size)  # µs-scale wake-up jitter
+                threads[(r, str(base + 2 * k + turn))] = ThreadOps.of(
+                    ["all_reduce"] * at.size, ends, MS, at)
+    groups = {r: (WORLD, TP[r // 2], DP[r % 2]) for r in range(4)}
+    return threads, groups
+
+
+def test_each_thread_gets_the_group_whose_members_end_with_it():
+    threads, groups = _job(np.random.default_rng(1))
+    found = {k: g.name for k, g in assign_threads(threads, groups).items()}
+    for r in range(4):
+        base = 100 * r
+        assert [found[(r, str(base + i))] for i in range(6)] == \
+            ["0", "0", TP[r // 2].name, TP[r // 2].name, DP[r % 2].name, DP[r % 2].name]
+
+
+def test_a_thread_put_in_the_wrong_group_is_moved_by_the_counts():
+    """Rank 1's two world threads were given its TP pair (with few ops, a world all-reduce
+    can end closer to one member than the job's noise): the pair then runs one op a step
+    too many on rank 1 and the world one too few, in exactly those threads' steps."""
+    threads, groups = _job(np.random.default_rng(2))
+    right = assign_threads(threads, groups)
+    wrong = dict(right)
+    wrong[(1, "100")] = wrong[(1, "101")] = TP[0]
+    fits = {k: [right[k], *[g for g in groups[k[0]] if g != right[k]]] for k in threads}
+    assert _repaired(wrong, fits, threads) == right
+    # a count that agrees with nothing stays as it is: no majority to repair towards
+    half = {k: g for k, g in right.items() if k[0] in (0, 1)}
+    half[(1, "100")] = half[(1, "101")] = TP[0]
+    assert _repaired(dict(half), fits, {k: t for k, t in threads.items() if k[0] < 2}) == half
+
+
+def test_p2p_goes_to_the_pair_groups_that_ran_no_collective():
+    pp = ProcessGroup("9", "undefined", (0, 4))
+    groups = (WORLD, TP[0], DP[0], pp)
+    assert p2p_candidates(groups, {"1", "3"}) == (0, 4)
+    assert p2p_candidates(groups, {"1", "3", "9"}) == ()  # the default group tells nothing
+
+
+def test_a_send_goes_to_the_candidate_whose_receive_its_data_released():
+    sends = np.array([True, True, False])
+    start = np.array([10, 110, 150]) * MS
+    end = np.array([11, 111, 160]) * MS
+    posted = {  # rank 4 receives 2 ms after each send; rank 6 is busy elsewhere
+        4: (np.array([False, False, True]), np.array([5, 100, 149]) * MS,
+            np.array([12, 112, 150]) * MS),
+        6: (np.array([False, False]), np.array([0, 90]) * MS, np.array([40, 140]) * MS),
+    }
+    assert pick_peers(0, sends, start, end, (0, 4, 6), posted).tolist() == [4, 4, 4]
+    assert pick_peers(0, sends, start, end, (0, 5), {}).tolist() == [5, 5, 5]  # one pair
+    assert pick_peers(0, sends, start, end, (0, 5, 7), {}).tolist() == [-1, -1, -1]
