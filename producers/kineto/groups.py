@@ -65,7 +65,7 @@ import numpy as np
 
 KAPPA = 2.0  # a member ends with the thread when it scatters within this × the closest
 THREADS_PER_GROUP = 2  # ProcessGroupGloo's worker threads per group (its default)
-_OTHER_FIT, _UNSEEN = 0.2, 2.0  # thread costs (see _costs)
+_OTHER_FIT, _UNSEEN = 0.2, 1.0  # thread costs (see _costs)
 _MEAN_ACCEPTED, _WORST_ACCEPTED = 1.0, 4.0  # what the creation-order prior may cost
 _MIN_MATCHED = 3  # ops a thread needs before its group is judged
 
@@ -115,51 +115,66 @@ def process_groups(dist: Mapping[str, Any]) -> tuple[ProcessGroup, ...]:
     return tuple(out)
 
 
-def _scatter(mine: ThreadOps, theirs: Mapping[str, np.ndarray]) -> float | None:
+def _scatter(mine: ThreadOps, theirs: Mapping[str, tuple[np.ndarray, np.ndarray]]
+             ) -> tuple[float, float] | None:
     """How far the nearest of a member's same-name op ends stray from this thread's, once
     the member's clock offset (their median gap) is taken off: the median absolute gap, in
-    ns. None when the member has too few such ops to say."""
+    ns; and the median of the shorter of each matched pair's durations, which copies of one
+    instance ending together stay within. None when the member has too few such ops.
+    `theirs`: the member's ends (sorted) and durations by name."""
     parts = [(mine.names == n, t) for n in np.unique(mine.names)
-             if (t := theirs.get(str(n))) is not None and t.size > 0]
+             if (t := theirs.get(str(n))) is not None and t[0].size > 0]
     if sum(int(sel.sum()) for sel, _t in parts) < _MIN_MATCHED:
         return None
     offset = float(np.median(np.concatenate(
-        [_nearest_gap(mine.end_ns[sel], t) for sel, t in parts])))
-    gaps = np.concatenate([_nearest_gap(mine.end_ns[sel] + offset, t) for sel, t in parts])
-    return float(np.median(np.abs(gaps)))
+        [_nearest(mine.end_ns[sel], t[0])[0] for sel, t in parts])))
+    gaps, shorter = [], []
+    for sel, (ends, durs) in parts:
+        gap, at = _nearest(mine.end_ns[sel] + offset, ends)
+        gaps.append(np.abs(gap))
+        shorter.append(np.minimum(mine.dur_ns[sel], durs[at]))
+    return float(np.median(np.concatenate(gaps))), float(np.median(np.concatenate(shorter)))
 
 
-def _nearest_gap(ends: np.ndarray, theirs: np.ndarray) -> np.ndarray:
-    """For each end, the signed gap to the nearest of `theirs` (sorted)."""
+def _nearest(ends: np.ndarray, theirs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each end, the signed gap to the nearest of `theirs` (sorted), and its index."""
     if theirs.size == 1:
-        return theirs[0] - ends
+        return theirs[0] - ends, np.zeros(ends.size, dtype=np.int64)
     i = np.clip(np.searchsorted(theirs, ends), 1, theirs.size - 1)
     lo, hi = theirs[i - 1] - ends, theirs[i] - ends
-    return np.where(np.abs(lo) <= np.abs(hi), lo, hi)
+    left = np.abs(lo) <= np.abs(hi)
+    return np.where(left, lo, hi), np.where(left, i - 1, i)
 
 
 def _costs(rank: int, mine: ThreadOps, groups: tuple[ProcessGroup, ...],
-           scatter: Mapping[int, float], floor: float) -> dict[ProcessGroup, float]:
+           scatter: Mapping[int, tuple[float, float]], floor: float
+           ) -> dict[ProcessGroup, float]:
     """How badly each of the rank's groups explains the thread's ops: 0 for the likeliest.
 
     Each traced member of any of the rank's groups either ends its ops with this thread's
-    (its `scatter` within `KAPPA` times the closest member's, or the job's usual closest,
-    `floor`, when that is larger: a few ops can end a member within 1 µs by chance) or not.
+    or not: its `scatter` is within `KAPPA` times the closest member's (or the job's usual
+    closest, `floor`, when that is larger: a few ops can end a member within 1 µs by
+    chance), and within the shorter duration of the two ops it pairs (`_scatter`). Copies
+    of one instance end within its last hop, which each copy lasts at least; when the
+    thread's own group has no other member traced, the closest member is another group's
+    op in lockstep, and ends milliseconds off.
     A group fits when all its traced members do: the largest fitting group costs 0 (a world
-    collective fits every subgroup too), the other fits `_OTHER_FIT`, a group whose worst
-    member strays costs 1 plus the log of how far, and a group no traced member speaks for
-    `_UNSEEN`.
+    collective fits every subgroup too), the other fits `_OTHER_FIT`, a group no traced
+    member speaks for `_UNSEEN`, and a group whose worst member strays 1 plus the log of
+    how far: a group seen not to fit is less likely than one not seen.
     """
     if not scatter:
         return {}
-    near = KAPPA * max(min(scatter.values()), floor) + 0.01 * float(np.median(mine.dur_ns))
-    worst = {g: max((scatter[m] for m in g.ranks if m in scatter), default=None)
-             for g in groups}
+    near = KAPPA * max(min(s for s, _cap in scatter.values()), floor) \
+        + 0.01 * float(np.median(mine.dur_ns))
+    # each member's scatter over what it may be (≤ 1: it ends with the thread)
+    over = {m: s / max(min(near, cap), 1.0) for m, (s, cap) in scatter.items()}
+    worst = {g: max((over[m] for m in g.ranks if m in over), default=None) for g in groups}
     fitting = [(len(g.ranks), -w, _order(g), g) for g, w in worst.items()
-               if w is not None and w <= near]
+               if w is not None and w <= 1.0]
     largest = max(fitting, key=lambda x: x[:3])[3] if fitting else None
-    return {g: _UNSEEN if w is None else 0.0 if g == largest else _OTHER_FIT if w <= near
-            else 1.0 + float(np.log(w / near)) for g, w in worst.items()}
+    return {g: _UNSEEN if w is None else 0.0 if g == largest else _OTHER_FIT if w <= 1.0
+            else 1.0 + float(np.log(w)) for g, w in worst.items()}
 
 
 def _in_creation_order(tids: list[str], costs: list[dict[ProcessGroup, float]],
@@ -209,13 +224,7 @@ def assign_threads(threads: Mapping[tuple[int, str], ThreadOps],
     doc); then the members of every group must have run as many of its ops in each step,
     and a thread that breaks that is moved to another group it fits (`_repaired`).
     """
-    ends: dict[int, dict[str, list[np.ndarray]]] = {}
-    for (rank, _tid), ops in threads.items():
-        by = ends.setdefault(rank, {})
-        for n in np.unique(ops.names):
-            by.setdefault(str(n), []).append(ops.end_ns[ops.names == n])
-    ends_by_rank = {r: {n: np.sort(np.concatenate(v)) for n, v in by.items()}
-                    for r, by in ends.items()}
+    ends_by_rank = _ends_by_rank(threads)
     out: dict[tuple[int, str], ProcessGroup] = {}
     fits: dict[tuple[int, str], list[ProcessGroup]] = {}
     scatter = {}
@@ -224,7 +233,7 @@ def assign_threads(threads: Mapping[tuple[int, str], ThreadOps],
                  if m != rank and m in ends_by_rank}
         scatter[(rank, tid)] = {m: s for m in peers
                                 if (s := _scatter(ops, ends_by_rank[m])) is not None}
-    closest = [min(v.values()) for v in scatter.values() if v]
+    closest = [min(s for s, _cap in v.values()) for v in scatter.values() if v]
     floor = float(np.median(closest)) if closest else 0.0
     for rank in {k[0] for k in threads}:
         keys = sorted((k for k in threads if k[0] == rank), key=lambda k: _tid_order(k[1]))
@@ -238,6 +247,27 @@ def assign_threads(threads: Mapping[tuple[int, str], ThreadOps],
         if blocks is not None:
             out.update(zip(keys, blocks, strict=True))
     return _repaired(out, fits, threads)
+
+
+def _ends_by_rank(threads: Mapping[tuple[int, str], ThreadOps]
+                  ) -> dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Each rank's collectives of each name, all threads together: ends (sorted) and the
+    durations in that order."""
+    parts: dict[int, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = {}
+    for (rank, _tid), ops in threads.items():
+        by = parts.setdefault(rank, {})
+        for n in np.unique(ops.names):
+            sel = ops.names == n
+            by.setdefault(str(n), []).append((ops.end_ns[sel], ops.dur_ns[sel]))
+    out: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    for rank, by in parts.items():
+        out[rank] = {}
+        for n, cols in by.items():
+            ends = np.concatenate([c[0] for c in cols])
+            durs = np.concatenate([c[1] for c in cols])
+            order = np.argsort(ends, kind="stable")
+            out[rank][n] = (ends[order], durs[order])
+    return out
 
 
 def _tid_order(tid: str) -> tuple[int, str]:

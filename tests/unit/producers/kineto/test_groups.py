@@ -63,6 +63,19 @@ def test_each_thread_gets_the_group_whose_members_end_with_it():
             ["0", "0", TP[r // 2].name, TP[r // 2].name, DP[r % 2].name, DP[r % 2].name]
 
 
+def test_a_thread_whose_group_is_traced_nowhere_else_is_not_given_a_lockstep_group():
+    """Ranks 0 and 2 traced only, and no world collective in the window: rank 0's TP
+    partner is not traced, so its TP all-reduces end with nobody's, and rank 2's (its own
+    pair's, in lockstep) end milliseconds off them, longer than either op lasts. They are
+    no world ops: the threads keep their place in the creation order, the TP pair."""
+    threads, groups = _job(np.random.default_rng(3))
+    traced = {k: t for k, t in threads.items()
+              if k[0] in (0, 2) and int(k[1]) % 100 >= 2}  # the world's threads ran nothing
+    found = {k: g.name for k, g in assign_threads(traced, groups).items()}
+    assert [found[(0, str(i))] for i in range(2, 6)] == ["1", "1", "3", "3"]
+    assert [found[(2, str(200 + i))] for i in range(2, 6)] == ["2", "2", "3", "3"]
+
+
 def test_a_thread_put_in_the_wrong_group_is_moved_by_the_counts():
     """Rank 1's two world threads were given its TP pair (with few ops, a world all-reduce
     can end closer to one member than the job's noise): the pair then runs one op a step
