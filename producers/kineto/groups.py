@@ -68,6 +68,7 @@ THREADS_PER_GROUP = 2  # ProcessGroupGloo's worker threads per group (its defaul
 _OTHER_FIT, _UNSEEN = 0.2, 1.0  # thread costs (see _costs)
 _MEAN_ACCEPTED, _WORST_ACCEPTED = 1.0, 4.0  # what the creation-order prior may cost
 _MIN_MATCHED = 3  # ops a thread needs before its group is judged
+_JUDGES = 16  # members of a large group that judge a thread (see _judges)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,8 +230,7 @@ def assign_threads(threads: Mapping[tuple[int, str], ThreadOps],
     fits: dict[tuple[int, str], list[ProcessGroup]] = {}
     scatter = {}
     for (rank, tid), ops in threads.items():
-        peers = {m for g in groups.get(rank, ()) for m in g.ranks
-                 if m != rank and m in ends_by_rank}
+        peers = {m for g in groups.get(rank, ()) for m in _judges(g, rank, ends_by_rank)}
         scatter[(rank, tid)] = {m: s for m in peers
                                 if (s := _scatter(ops, ends_by_rank[m])) is not None}
     closest = [min(s for s, _cap in v.values()) for v in scatter.values() if v]
@@ -270,6 +270,17 @@ def _ends_by_rank(threads: Mapping[tuple[int, str], ThreadOps]
     return out
 
 
+def _judges(g: ProcessGroup, rank: int, traced: Mapping[int, Any]) -> list[int]:
+    """The traced members of `g` that judge whether a thread of `rank` serves it: all of
+    them, or `_JUDGES` spread over a large group (a world group's every member would make
+    the inference quadratic in the ranks; a spread sample still holds members of every
+    other group the thread might serve instead)."""
+    members = [m for m in g.ranks if m != rank and m in traced]
+    if len(members) <= _JUDGES:
+        return members
+    return [members[i] for i in np.linspace(0, len(members) - 1, _JUDGES).astype(int)]
+
+
 def _tid_order(tid: str) -> tuple[int, str]:
     return (int(tid), "") if tid.isdigit() else (1 << 62, tid)
 
@@ -304,13 +315,16 @@ def _repaired(out: dict[tuple[int, str], ProcessGroup],
         traced[rank] = traced.get(rank, np.zeros(steps.size, dtype=bool)) | (v > 0)
     for _ in range(len(out)):
         moved = False
+        serving: dict[tuple[int, ProcessGroup], list[tuple[int, str]]] = {}
+        for k, h in out.items():
+            serving.setdefault((k[0], h), []).append(k)
         # the larger groups first: more members agree on what each should count
         for g in sorted({g for f in fits.values() for g in f}, key=lambda g: -len(g.ranks)):
             ranks = [r for r in g.ranks if r in traced]
             mask = np.logical_and.reduce([traced[r] for r in ranks])
             if len(ranks) < 2 or mask.sum() < _MIN_MATCHED:
                 continue
-            count = {r: sum((per[k][mask] for k, h in out.items() if k[0] == r and h == g),
+            count = {r: sum((per[k][mask] for k in serving.get((r, g), ())),
                             np.zeros(int(mask.sum()), dtype=np.int64)) for r in ranks}
             votes = Counter(tuple(v.tolist()) for v in count.values()).most_common(2)
             if len(votes) == 1 or votes[0][1] == votes[1][1]:
@@ -319,6 +333,8 @@ def _repaired(out: dict[tuple[int, str], ProcessGroup],
             for r, v in count.items():
                 if (ref != v).any() and _move(out, fits, per, mask, r, g, ref - v):
                     moved = True
+            if moved:
+                break  # the index of who serves what is stale
         if not moved:
             break
     return out
