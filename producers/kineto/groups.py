@@ -147,7 +147,7 @@ def _nearest(ends: np.ndarray, theirs: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return np.where(left, lo, hi), np.where(left, i - 1, i)
 
 
-def _costs(rank: int, mine: ThreadOps, groups: tuple[ProcessGroup, ...],
+def _costs(mine: ThreadOps, groups: tuple[ProcessGroup, ...],
            scatter: Mapping[int, tuple[float, float]], floor: float
            ) -> dict[ProcessGroup, float]:
     """How badly each of the rank's groups explains the thread's ops: 0 for the likeliest.
@@ -235,10 +235,9 @@ def assign_threads(threads: Mapping[tuple[int, str], ThreadOps],
                                 if (s := _scatter(ops, ends_by_rank[m])) is not None}
     closest = [min(s for s, _cap in v.values()) for v in scatter.values() if v]
     floor = float(np.median(closest)) if closest else 0.0
-    for rank in {k[0] for k in threads}:
+    for rank in sorted({k[0] for k in threads}):
         keys = sorted((k for k in threads if k[0] == rank), key=lambda k: _tid_order(k[1]))
-        costs = [_costs(rank, threads[k], groups.get(rank, ()), scatter[k], floor)
-                 for k in keys]
+        costs = [_costs(threads[k], groups.get(rank, ()), scatter[k], floor) for k in keys]
         for k, c in zip(keys, costs, strict=True):
             fits[k] = sorted(c, key=lambda g: c[g])
             if fits[k]:

@@ -7,13 +7,17 @@ the best source a trace has, because the generations differ:
    the kernel itself, older ones are paired in order with the CPU-side `nccl:*` annotations.
 2. `gloo:*` annotations of gloo's worker threads (CPU training): the execution of each op,
    paired in order, per name, with the `c10d::*` call on the training thread that issued it.
+   They name no group: a collective's group is its thread's (`thread_group`) until the
+   replay infers it across ranks (`groups`); a send or receive runs on the calling thread
+   and spans from its call to the end of its gloo event.
 3. Otherwise the CPU-side `record_param_comms`, `c10d::*` or `nccl:*` events themselves.
 An op belongs to the step in which it was issued (the kernel's CPU launch, the c10d call), even
 when the GPU runs it after the step's CPU span has closed.
 
 Compute: on GPU traces one `gpu_compute` op per step, the summed duration of the step's
 non-NCCL kernels (the NVRx-style compute signal); on CPU traces `fwd`, `bwd` and `optimizer`
-phases from the autograd engine's events and the optimizer's annotations.
+phases from the autograd engine's events and the optimizer's annotations, the first two cut
+around the training thread's blocked waits (`waits`).
 
 `seq` is `(step << 20) | i`, the i-th op of the group in profiler step `step`: monotone and
 equal on every rank that issued the same ops, even when ranks' traces cover different steps.

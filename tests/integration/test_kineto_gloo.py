@@ -54,25 +54,29 @@ def profiled_train(rank: int, world: int, port: int, out: str, slow_rank: int) -
     dist.destroy_process_group()
 
 
-def test_traces_of_a_real_gloo_run(tmp_path):
-    pytest.importorskip("torch")
+def run_ranks(train: str, world: int, out: Path, slow_rank: int) -> None:
+    """`train(rank, world, port, out, slow_rank)` of this module in `world` processes."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     procs = [subprocess.Popen(
-        [sys.executable, "-c",
-         f"from tests.integration.test_kineto_gloo import profiled_train; "
-                               f"profiled_train({r}, 2, {port}, {str(tmp_path)!r}, 1)"],
-        cwd=REPO, env=env) for r in range(2)]
+        [sys.executable, "-c", f"from tests.integration.test_kineto_gloo import {train}; "
+                               f"{train}({r}, {world}, {port}, {str(out)!r}, {slow_rank})"],
+        cwd=REPO, env=env) for r in range(world)]
     try:
         for p in procs:
-            assert p.wait(120) == 0
+            assert p.wait(180) == 0
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+
+
+def test_traces_of_a_real_gloo_run(tmp_path):
+    pytest.importorskip("torch")
+    run_ranks("profiled_train", 2, tmp_path, slow_rank=1)
     events = list(kineto_to_events([tmp_path], "gloo-kineto"))
     assert decode_job(orjson.dumps(events[0][2])).world_size == 2
     by_rank = defaultdict(list)
@@ -155,23 +159,7 @@ def test_gloo_traces_get_their_groups_inferred(tmp_path):
     instance matches across exactly its members; a rank waiting on a slow tensor-parallel
     peer inside its forward does not compute for the time it waited."""
     pytest.importorskip("torch")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = [subprocess.Popen(
-        [sys.executable, "-c",
-         f"from tests.integration.test_kineto_gloo import profiled_groups_train; "
-         f"profiled_groups_train({r}, 4, {port}, {str(tmp_path)!r}, 1)"],
-        cwd=REPO, env=env) for r in range(4)]
-    try:
-        for p in procs:
-            assert p.wait(180) == 0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    run_ranks("profiled_groups_train", 4, tmp_path, slow_rank=1)
     by_rank = defaultdict(list)
     for _t, _k, v, _ts in list(kineto_to_events([tmp_path], "gloo-groups"))[1:]:
         m = decode_steps(orjson.dumps(v))
