@@ -26,9 +26,8 @@ Three things tell which group a thread serves, each checking the one before:
    step. A thread that leaves its rank's count off the other members' is moved to the group
    that lacks exactly its ops (`_repaired`).
 
-A thread no traced member can speak for keeps `pg.unknown`. The p2p ops (gloo runs them on
-the calling thread) get their pair from the rank's groups that ran no collective, a
-pipeline's pair groups, and from which receive each send's data released (`pick_peers`).
+A thread no traced member can speak for keeps `pg.unknown`. The p2p ops, which gloo runs
+on the calling thread, get their pairs in `peers`.
 NCCL traces name their groups since torch 2.2; older ones, whose kernels sit on one CUDA
 stream per group, are not inferred here.
 
@@ -69,7 +68,6 @@ _OTHER_FIT, _UNSEEN = 0.2, 1.0  # thread costs (see _costs)
 _MEAN_ACCEPTED, _WORST_ACCEPTED = 1.0, 4.0  # what the creation-order prior may cost
 _MIN_MATCHED = 3  # ops a thread needs before its group is judged
 _JUDGES = 16  # members of a large group that judge a thread (see _judges)
-_PEER_SHARE = 0.2  # a p2p peer picked for fewer of a rank's sends (or receives) is noise
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,72 +363,3 @@ def _move(out: dict[tuple[int, str], ProcessGroup],
                         del out[k]
                 return True
     return False
-
-
-def p2p_candidates(groups: tuple[ProcessGroup, ...], serving: set[str]) -> tuple[int, ...]:
-    """The ranks a rank's p2p ops may go to: the members of its groups that ran none of its
-    collectives (a pipeline's pair groups exist for their sends and receives), the default
-    group aside (it holds every rank and tells nothing)."""
-    spare = [g for g in groups if g.name not in serving and g.desc != "default_pg"]
-    return tuple(sorted({r for g in spare for r in g.ranks}))
-
-
-def pick_peers(rank: int, is_send: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray,
-               candidates: tuple[int, ...],
-               posted: Mapping[int, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Each p2p op's peer rank (-1: not known).
-
-    With one candidate that is the peer, traced or not. With several, a send's peer is the
-    traced candidate whose receive ended soonest after the send was posted, and a receive's
-    the one whose send was posted last before it ended: data is received after it is sent,
-    and a blocked receiver is released by its own sender's data, not by another pair's.
-    One op at a time that is noisy (a four-stage drill's ranks sent a tenth of their data
-    to a stage two away), and a rank sends each way to the same few peers (a pipeline stage
-    to its neighbours): a candidate picked for under `_PEER_SHARE` of a direction's ops is
-    dropped, and those ops go to the likeliest peer left.
-    `posted`: each traced rank's (is_send, start_ns, end_ns) of its p2p ops.
-    """
-    peer = np.full(is_send.size, -1, dtype=np.int64)
-    others = [c for c in candidates if c != rank]
-    if len(others) == 1:
-        peer[:] = others[0]
-        return peer
-    traced = [c for c in others if c in posted]
-    if not traced or is_send.size == 0:
-        return peer
-    delay = np.stack([_delays(is_send, start_ns, end_ns, posted[c]) for c in traced], axis=1)
-    for way in (is_send, ~is_send):
-        d = delay[way]
-        if d.size == 0:
-            continue
-        picks = np.argmin(d, axis=1)
-        share = np.bincount(picks[np.isfinite(d.min(axis=1))], minlength=len(traced)) \
-            / max(int(np.isfinite(d.min(axis=1)).sum()), 1)
-        d = np.where(share >= _PEER_SHARE, d, np.inf)  # the few peers it really talks to
-        best = np.argmin(d, axis=1)
-        found = np.isfinite(d[np.arange(best.size), best])
-        peer[np.flatnonzero(way)[found]] = np.asarray(traced)[best[found]]
-    return peer
-
-
-def _delays(is_send: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray,
-            theirs: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
-    """(n,) how long each of my ops waited for a matching op of one candidate: a send until
-    its receive ended, a receive since its send was posted (inf: none fits)."""
-    c_send, c_start, c_end = theirs
-    recv_ends = np.sort(c_end[~c_send])
-    send_starts = np.sort(c_start[c_send])
-    delay = np.full(is_send.size, np.inf)
-    if recv_ends.size:  # my send → its receive ending soonest after my post
-        i = np.searchsorted(recv_ends, start_ns[is_send])
-        ok = i < recv_ends.size
-        d = np.full(i.size, np.inf)
-        d[ok] = recv_ends[i[ok]] - start_ns[is_send][ok]
-        delay[is_send] = d
-    if send_starts.size:  # my receive ← its send posted last before my end
-        i = np.searchsorted(send_starts, end_ns[~is_send], side="right") - 1
-        ok = i >= 0
-        d = np.full(i.size, np.inf)
-        d[ok] = end_ns[~is_send][ok] - send_starts[i[ok]]
-        delay[~is_send] = d
-    return delay

@@ -19,8 +19,9 @@ from typing import Any
 
 import orjson
 
-from producers.kineto.groups import ProcessGroup, assign_threads, p2p_candidates, pick_peers
+from producers.kineto.groups import ProcessGroup, assign_threads
 from producers.kineto.names import UNKNOWN_GROUP, group_name
+from producers.kineto.peers import p2p_candidates, pick_peers
 from producers.kineto.trace import (
     KinetoError,
     NoSteps,
@@ -103,7 +104,7 @@ def _windows_joined(traces: list[RankTrace]) -> list[RankTrace]:
 def _groups_inferred(traces: list[RankTrace]) -> None:
     """Ops with no group in the trace (gloo's) get one, inferred across all ranks: a
     collective the group its worker thread serves (`groups.assign_threads`), a send or
-    receive its pair's direction in the smallest group of the two (`groups.pick_peers`)."""
+    receive its pair's direction in the smallest group of the two (`peers`)."""
     threads = {(t.rank, tid): ops for t in traces for tid, ops in thread_ops(t).items()}
     found = assign_threads(threads, {t.rank: t.process_groups for t in traces})
     posted = {t.rank: p2p_posted(t) for t in traces}

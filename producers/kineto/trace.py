@@ -365,7 +365,7 @@ def thread_ops(trace: RankTrace) -> dict[str, ThreadOps]:
 
 def p2p_posted(trace: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rank's p2p ops with no group in the trace, in message order: (is_send, start_ns,
-    end_ns), what `groups.pick_peers` pairs them by."""
+    end_ns), what `peers.pick_peers` pairs them by."""
     rows = [(n == "send", m["t_start_ns"] + st, m["t_start_ns"] + st + d)
             for m in trace.steps
             for k, n, g, st, d in zip(*(m["ops"][c] for c in _P2P_COLUMNS), strict=True)
