@@ -45,15 +45,16 @@ class Leaves:
     @staticmethod
     def of(spans: Iterable[tuple[Any, float, float, bool]], tid: Any,
            ns: Callable[[float], int]) -> Leaves:
-        """From (tid, ts µs, dur µs, is communication) spans; events of one thread nest, so
-        an event is a leaf when the next one starts at or after its end."""
-        rows = sorted((ns(ts), ns(ts + dur), comm) for t, ts, dur, comm in spans if t == tid)
+        """From (tid, ts µs, dur µs, is communication) spans. Events of one thread nest:
+        sorted by start, a parent before a child that starts with it, an event is a leaf
+        when the next one starts at or after its end."""
+        rows = [(ns(ts), ns(ts + dur), comm) for t, ts, dur, comm in spans if t == tid]
         if not rows:
             empty = np.empty(0, dtype=np.int64)
             return Leaves(empty, empty, np.zeros(1, dtype=np.int64))
-        a = np.array([r[0] for r in rows], dtype=np.int64)
-        b = np.array([r[1] for r in rows], dtype=np.int64)
-        comm = np.array([r[2] for r in rows], dtype=bool)
+        a, b, comm = (np.array(col) for col in zip(*rows, strict=True))
+        order = np.lexsort((-b, a))  # by start; the longer (the parent) first
+        a, b, comm = a[order].astype(np.int64), b[order].astype(np.int64), comm[order]
         leaf = np.ones(a.size, dtype=bool)
         leaf[:-1] = a[1:] >= b[:-1]
         keep = leaf & ~comm

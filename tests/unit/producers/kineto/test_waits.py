@@ -20,6 +20,9 @@ def test_leaves_are_the_innermost_events_and_busy_counts_their_part_inside():
                        np.array([ns(100), ns(55), ns(70), ns(95)])).tolist() == \
         [ns(35), ns(8), ns(10), 0]
     assert Leaves.of([], tid=1, ns=ns).busy(np.array([0]), np.array([5])).tolist() == [0]
+    # a child that starts with its parent is the leaf, not the parent around it
+    together = Leaves.of([(1, 0.0, 100.0, False), (1, 0.0, 40.0, False)], tid=1, ns=ns)
+    assert (together.start.tolist(), together.end.tolist()) == ([0], [ns(40)])
 
 
 def test_only_ops_the_thread_idled_through_block_and_they_merge():
