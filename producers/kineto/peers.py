@@ -61,9 +61,9 @@ def pick_peers(rank: int, is_send: np.ndarray, start_ns: np.ndarray, end_ns: np.
         d = delay[way]
         if d.size == 0:
             continue
-        picks = np.argmin(d, axis=1)
-        share = np.bincount(picks[np.isfinite(d.min(axis=1))], minlength=len(traced)) \
-            / max(int(np.isfinite(d.min(axis=1)).sum()), 1)
+        matched = np.isfinite(d.min(axis=1))
+        share = np.bincount(np.argmin(d, axis=1)[matched], minlength=len(traced)) \
+            / max(int(matched.sum()), 1)
         d = np.where(share >= _PEER_SHARE, d, np.inf)  # the few peers it really talks to
         best = np.argmin(d, axis=1)
         found = np.isfinite(d[np.arange(best.size), best])

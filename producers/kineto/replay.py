@@ -112,9 +112,10 @@ def _groups_inferred(traces: list[RankTrace]) -> None:
         mine = {tid: g for (rank, tid), g in found.items() if rank == t.rank}
         is_send, start, end = posted[t.rank]
         candidates = p2p_candidates(t.process_groups, {g.name for g in mine.values()})
-        peers = pick_peers(t.rank, is_send, start, end, candidates, posted)
-        relabel(t, {tid: _wire(g) for tid, g in mine.items()},
-                [_transfer(t, bool(s), int(p)) for s, p in zip(is_send, peers, strict=True)])
+        ways = list(zip(is_send.tolist(), pick_peers(t.rank, is_send, start, end,
+                                                     candidates, posted).tolist(), strict=True))
+        names = {way: _transfer(t, *way) for way in set(ways)}  # a few pairs, many ops
+        relabel(t, {tid: _wire(g) for tid, g in mine.items()}, [names[w] for w in ways])
 
 
 def _wire(g: ProcessGroup) -> str:
