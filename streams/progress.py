@@ -45,6 +45,7 @@ class Progress:
         self._now = now
         self.stall_after_s = stall_after_s
         self._processed: dict[TP, int] = {}
+        self._acked: dict[TP, int] = {}  # stored and handed to the consumer to commit
         self._highwater: dict[TP, int] = {}
         self._assigned: set[TP] = set()
         self._fetch_marks: dict[TP, object] = {}
@@ -61,6 +62,9 @@ class Progress:
             if tp not in self._assigned:
                 del self._processed[tp]
                 self._highwater.pop(tp, None)
+        for tp in list(self._acked):
+            if tp not in self._assigned:
+                del self._acked[tp]
         for tp in list(self._fetch_marks):
             if tp not in self._assigned:
                 del self._fetch_marks[tp]
@@ -76,6 +80,13 @@ class Progress:
         if hw is None or hw < offset + 1:
             self._highwater[tp] = offset + 1
         self._last_progress = self._now()
+
+    def acked(self, topic: str, partition: int, offset: int) -> None:
+        """A record was stored and acked (the consumer commits past it once every earlier
+        one is acked too). Processed but not acked means held for order or being stored."""
+        tp = (topic, partition)
+        if offset > self._acked.get(tp, -1):
+            self._acked[tp] = offset
 
     def received(self, tp: TP) -> int:
         """The last offset received of a topic-partition (-1: none)."""
@@ -163,6 +174,7 @@ class Progress:
             "lag": {f"{t}[{p}]": self.lag((t, p)) for t, p in sorted(self._assigned)},
             "total_lag": self.total_lag(),
             "processed": {f"{t}[{p}]": o for (t, p), o in sorted(self._processed.items())},
+            "acked": {f"{t}[{p}]": o for (t, p), o in sorted(self._acked.items())},
             "seconds_since_progress": round(self.seconds_since_progress(), 3),
             "seconds_since_broker_answer": round(self.seconds_since_answer(), 3),
         }

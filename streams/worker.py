@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -180,11 +181,10 @@ def build_app(
         """Store, then ack the batch's messages that are `done` and those the merge had held
         and are now processed, then publish."""
         if await flush_until_stored():
-            ack = app.consumer.ack
-            for message in done:
+            ack, acked = app.consumer.ack, pipeline.progress.acked
+            for message in chain(done, result.finished):
                 ack(message)
-            for message in result.finished:
-                ack(message)
+                acked(message.topic, message.partition, message.offset)
         try:
             await send(result.outgoing)
         except Exception:

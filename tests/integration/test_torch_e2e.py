@@ -97,7 +97,7 @@ def wait_until_settled(worker: WorkerProcess, job: str, steps: int) -> None:
 
     def idle() -> bool:
         s = worker.stats()
-        return s["total_lag"] == 0 and s["held_for_order"] == 0
+        return s["total_lag"] == 0 and s["held_for_order"] == 0 and s["acked"] == s["processed"]
 
     wait_for(stored, 60, f"the worker to store the {steps} steps of {job}")
     wait_for(idle, 30, "the worker to have nothing left to read")

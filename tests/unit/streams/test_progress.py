@@ -30,6 +30,22 @@ def test_lag_comes_from_processed_offsets_and_fetch_highwaters() -> None:
     assert p.caught_up_partitions() == [0, 1]
 
 
+def test_acked_offsets_trail_the_processed_ones_and_leave_with_the_partition() -> None:
+    """Processed but not acked: held for order or still being stored (not yet committable)."""
+    p = Progress(FakeClock().seconds)
+    p.assigned([("steps", 0), ("jobs", 0)])
+    for offset in range(4):
+        p.processed("jobs", 0, offset)
+    p.acked("jobs", 0, 1)
+    p.acked("jobs", 0, 0)  # an earlier record acked later (released by the merge)
+    snap = p.snapshot()
+    assert snap["processed"] == {"jobs[0]": 3} and snap["acked"] == {"jobs[0]": 1}
+    p.acked("jobs", 0, 3)
+    assert p.snapshot()["acked"] == p.snapshot()["processed"]
+    p.assigned([("steps", 0)])  # revoked: its offsets belong to the new owner
+    assert p.snapshot()["acked"] == {} and p.snapshot()["processed"] == {}
+
+
 def test_readiness_fails_when_input_waits_and_nothing_moves() -> None:
     clock = FakeClock()
     p = Progress(clock.seconds, stall_after_s=30.0)
