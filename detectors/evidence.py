@@ -172,6 +172,12 @@ class EvidenceTracker(Stateful):
             out[key] = max(out.get(key, 0.0), max(z for _, _, z in hits))
         return out
 
+    def burst_share(self, entity: str, kind: str) -> float:
+        """The mean share of a usual step that the suspect's costly significant steps cost
+        (0 without any): what each burst of an intermittent fault costs the job."""
+        hits = self.costly.get((entity, kind))
+        return sum(c for _, c, _ in hits) / len(hits) if hits else 0.0
+
     def ranked(self) -> list[Track]:
         """Tracks with any recent significance, strongest first."""
         live = [t for t in self.tracks.values() if t.hits(self.z_on) > 0]

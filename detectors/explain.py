@@ -81,11 +81,14 @@ def summarize(
     frame: StepFrame,
     feats: StepFeatures,
     ratio: np.ndarray,
+    intermittent: bool = False,
 ) -> str:
     """The incident's summary line at the step that opened it; `lost_s` and `slowdown`: what
-    the culprit costs the job per step."""
-    text = (f"{_describe(kind, entity, detail, frame, feats, ratio)}: the job loses "
-            f"{lost_s:.2f} s per step (×{max(slowdown, 1.0):.2f})")
+    the culprit costs the job per step, or (`intermittent`: a flapping fault, which costs
+    nothing between its bursts) each step it hits."""
+    cost = (f"each step it hits loses {lost_s:.2f} s (×{max(slowdown, 1.0):.2f})" if intermittent
+            else f"the job loses {lost_s:.2f} s per step (×{max(slowdown, 1.0):.2f})")
+    text = f"{_describe(kind, entity, detail, frame, feats, ratio)}: {cost}"
     if not feats.has_compute and kind in ("gpu", "node", "host"):
         text += COMM_ONLY_NOTE
     return text

@@ -58,6 +58,7 @@ class Irregularity:
     irregular: IrregularClass
     level_shift: bool
     shift_ratio: float  # new level / old level when level_shift
+    z: float = 0.0  # log(step / baseline_s) in σ of the window's step times (0 in warm-up)
 
 
 class StepTimeBaseline(Stateful):
@@ -122,6 +123,7 @@ class StepTimeBaseline(Stateful):
             return Irregularity(self.baseline_s, 1.0, "warmup", shift, ratio)
         base = self.baseline_s
         d = t / base
+        z = float(np.log(d)) / self._sigma()
         irregular = d >= self.delta_thr
         self._flags.append(irregular)
         cls: IrregularClass
@@ -137,4 +139,4 @@ class StepTimeBaseline(Stateful):
             cls = "normal"
             self._normal.append(t)
             self._median = None
-        return Irregularity(base, d, cls, shift, ratio)
+        return Irregularity(base, d, cls, shift, ratio, z)

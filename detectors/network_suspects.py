@@ -9,6 +9,12 @@ instances; the entity whose instances are slow AND that explains most of the slo
 wins, its instances are explained away, and the rest is searched again (a few rounds, for
 concurrent faults).
 
+A step that at least doubled is a burst (`burst_of`): a flapping NIC stalls what is in
+flight for a second, yet on a loaded host each stalled transfer is only a few σ of the
+noise and the entity's transfers outside the burst were on time. The first entity found
+then shares the step's own significance, in the share of its lost seconds that the
+entity's transfers carry as their data arrived (`_burst_carrier`, `p2p.delivered`).
+
 Four nodes of one rank each, one all-reduce per pair of nodes; every transfer through node n3
 takes 40 ms instead of 10 ms:
 
@@ -37,6 +43,7 @@ import numpy as np
 
 from detectors.candidates import Z_REPORT, Candidates
 from detectors.features import Instances, StepFeatures
+from detectors.p2p import delivered
 from detectors.segments import grouped_quantile, int_codes, unique_ints
 from schemas.frame import StepFrame
 from schemas.rankstep import P2P
@@ -50,6 +57,11 @@ _NET_MIN_RATIO = np.log(1.1)  # a transfer 10% over its peers is the smallest we
 _NET_ROUNDS = 3  # entities found per step at most: concurrent faults, not every bystander
 _NODE_TIE = 0.95  # a node within 5% of the best one's score is a tie
 _OVER_TOP = 2.0  # twice the slowest transfer of its own past is new whatever its spread
+_BURST_Z_CLIP = 10.0  # a doubled step's significance, as far as one step may weigh
+_BURST_TIE = 0.9  # another node that lost this share of a burst's seconds too is a tie
+# a burst's entity stands out by this many σ on its own (a congested spine doubles a step
+# with every entity's transfers alike: none stands out, none shares the step's significance)
+_BURST_MIN_Z = 1.0
 
 
 @dataclass(slots=True)
@@ -60,6 +72,29 @@ class Topology:
     nodes: tuple[str, ...] = ()  # every node of the job, reporting or not (may be empty)
     group_size: dict[str, int] = field(default_factory=dict)  # members per group kind (layout)
     world: int = 0  # ranks in the job (start event); fewer reporting means partial tracing
+
+
+@dataclass(frozen=True, slots=True)
+class Burst:
+    """A step that at least doubled (`burst_of`): how far beyond the job's step-time noise
+    it is (σ, clipped) and the seconds it lost against the usual step."""
+
+    z: float
+    lost_s: float
+
+
+def burst_of(step_s: float, usual_s: float, z: float) -> Burst | None:
+    """The step as a burst if it took at least twice the usual step, else None.
+
+    A flapping NIC's burst stalls a step many times over, yet its transfers are only a few
+    σ of a loaded host's noise (sub-millisecond sends vary ×3 there), and those of the
+    entity that were not in flight during the burst dilute its score. The step itself is
+    the stronger witness: the network entity whose slow transfers carry its lost seconds
+    shares its significance (`network_suspects`). A checkpoint or eval step doubles a step
+    too, but it stretches some rank's compute or waits, never a transfer."""
+    if not (step_s >= 2 * usual_s > 0):
+        return None
+    return Burst(min(z, _BURST_Z_CLIP), step_s - usual_s)
 
 
 @dataclass(slots=True)
@@ -175,10 +210,13 @@ def network_suspects(
     full_ref: np.ndarray,
     out: Candidates,
     own: OwnPast | None = None,
+    burst: Burst | None = None,
 ) -> None:
     """Add the step's `link` (NIC or node pair) and `switch` suspects to `out`; `full_ref` is
     `transfer_reference(feats.inst)`, `own` each instance's own past
-    (`TransferHistory.reference`).
+    (`TransferHistory.reference`), `burst` the step if it at least doubled (`burst_of`): the
+    first entity found, if it stands out by a σ at least (`_BURST_MIN_Z`), is then as
+    significant as the step, in the share of its lost seconds that its slow transfers carry.
 
     An instance its step cannot compare is judged by its own past alone; one with both must
     be slow against both (few peers make the step's comparison fragile, and a job-wide
@@ -291,9 +329,14 @@ def network_suspects(
         score[refuted] = 0.0
         best = int(np.argmax(score))
         z = score[best] / float(np.median(s_each[ii[ie == best]]))
+        share = 0.0  # of a burst's lost seconds that `best` carries, alone
+        if burst is not None and z >= _BURST_MIN_Z and e_left.sum() == e.sum():
+            extra = _delivered_extra(frame, inst, idx, ref, s_pool, ie, ii, n_ent)
+            best, share = _burst_carrier(best, extra, ent_kinds, ent_nodes, burst.lost_s)
+            z = max(z, burst.z * share)
         if z < Z_REPORT:
             break
-        if ent_kinds[best] == "link" and ent_nodes[best].size == 1:
+        if share == 0.0 and ent_kinds[best] == "link" and ent_nodes[best].size == 1:
             twins = _same_slow_instances(best, e_left, ie, ii, ent_kinds, ent_nodes)
             best = _disambiguate_node(best, score, ent_kinds, ent_nodes, twins, single)
             if best < 0:
@@ -308,6 +351,66 @@ def network_suspects(
             f"transfers ×{ratio:.2f} on {int((e_left[ids] > 0).sum())} of {ids.size} instances",
         )
         e_left[ids] = 0.0
+
+
+def _delivered_extra(
+    frame: StepFrame,
+    inst: Instances,
+    idx: np.ndarray,
+    ref: np.ndarray,
+    s_pool: float,
+    ie: np.ndarray,
+    ii: np.ndarray,
+    n_ent: int,
+) -> np.ndarray:
+    """(E,) each entity's extra transfer seconds in this step, over its instances, the data
+    of buffered sends counted as their receivers saw it arrive (`p2p.delivered`).
+
+    A burst stalls a buffered send's data, not its copy: the send returns at once and its
+    receiver waits, so the shortest copies carry a fraction of what the step lost (a drill's
+    burst lost 1.3 s, its slow copies 0.3 s). Only a burst step pays for this reading."""
+    seen = delivered(frame, inst)[0][idx]
+    over = _over_step_bar(np.log(np.maximum(seen, 1e-12) / ref), s_pool)
+    extra = np.where(over, seen - ref, 0.0)
+    return np.bincount(ie, weights=extra[ii], minlength=n_ent)
+
+
+def _burst_carrier(
+    best: int,
+    extra: np.ndarray,
+    kinds: list[str],
+    nodes: list[np.ndarray],
+    lost_s: float,
+) -> tuple[int, float]:
+    """The entity that carries a burst's lost seconds, and the share it carries (0: none).
+
+    `best` (the step's strongest network suspect) carries them unless a node outside it
+    lost nearly as much (`_BURST_TIE`): the two ends of a pair's transfers lose the same
+    seconds, and a millisecond of noise elsewhere must not pick between them. Two such ends
+    name the pipeline link between them, if their transfers have one (the narrowest entity
+    the burst supports, which `reconcile.nic_of_link` reads as its NIC when that NIC was a
+    suspect just before). Otherwise no entity carries the burst, and `best` keeps its own
+    significance (and the twins rule that goes with it)."""
+    is_node = np.array([k == "link" and n.size == 1 for k, n in zip(kinds, nodes, strict=True)])
+    node_of = np.array([n[0] if n.size == 1 else -1 for n in nodes])
+
+    def rival(e: int) -> int:
+        """The node outside entity `e` that lost the most, if nearly as much as `e`."""
+        others = np.where(is_node & ~np.isin(node_of, nodes[e]), extra, -1.0)
+        r = int(np.argmax(others))
+        return r if extra[e] > 0 and others[r] >= _BURST_TIE * extra[e] else -1
+
+    tied = rival(best)
+    if tied >= 0:
+        if not is_node[best]:
+            return best, 0.0
+        pair = {int(nodes[best][0]), int(nodes[tied][0])}
+        links = [i for i, k in enumerate(kinds)
+                 if k == "link" and nodes[i].size == 2 and set(nodes[i].tolist()) == pair]
+        if not links or rival(links[0]) >= 0:
+            return best, 0.0
+        best = links[0]
+    return best, min(float(extra[best]) / lost_s, 1.0)
 
 
 def _refuted_by_complete(

@@ -41,7 +41,7 @@ from detectors.candidates import Candidates
 from detectors.compute_suspects import compute_suspects
 from detectors.features import StepFeatures
 from detectors.host_suspects import host_suspects
-from detectors.network_suspects import OwnPast, Topology, network_suspects
+from detectors.network_suspects import Burst, OwnPast, Topology, network_suspects
 from detectors.noise import NoiseMemory
 from detectors.untraced_suspects import WaitHistory, untraced_suspects
 from schemas.frame import StepFrame
@@ -57,12 +57,14 @@ def step_suspects(
     stages: tuple[np.ndarray, int],
     waits: WaitHistory | None = None,
     own: OwnPast | None = None,
+    burst: Burst | None = None,
 ) -> Candidates:
     """All suspects of one step with their significance (robust z) and cost in seconds.
 
     `ratio` is `compute_ratio(...)`, `ref` is `transfer_reference(feats.inst)`, `own` each
     instance's own past (`TransferHistory.reference`) and `stages` is
     `peers.stage_keys(frame)`: computed once per step by the caller, which stores them too;
+    `burst` the step if it at least doubled (`network_suspects.burst_of`);
     `waits` is the job's memory of partially traced groups' waits (without it, nothing is
     said of untraced members). A single rank has no peers, hence no suspects."""
     out = Candidates()
@@ -70,7 +72,7 @@ def step_suspects(
         return out
     compute_suspects(frame, feats, ratio, noise, out, stages)
     host_suspects(frame, feats, stages, noise, out)
-    network_suspects(frame, feats, topo, ref, out, own)
+    network_suspects(frame, feats, topo, ref, out, own, burst)
     if waits is not None and frame.n_ranks < topo.world:  # only partial tracing has them
         untraced_suspects(frame, feats, topo, stages, noise, waits, out)
     return out

@@ -29,3 +29,12 @@ def test_summaries_with_compute_ops_make_no_such_caveat():
     text = summarize("gpu", "rank:2", "compute ×3.00", 0.02, 1.1, frame, step_features(frame),
                      np.array([1.0, 1.0, 3.0, 1.0]))
     assert "rank 2" in text and COMM_ONLY_NOTE not in text
+
+
+def test_an_intermittent_faults_summary_quotes_what_each_step_it_hits_loses():
+    """A flapping NIC confirmed between its bursts costs that step nothing: "the job loses
+    0.00 s per step (×1.00)" paged for a NIC that quadrupled the steps it hit."""
+    frame = _frame(with_compute=True)
+    text = summarize("link", "node:n1", "transfers ×300 on 4 of 10", 1.02, 4.1, frame,
+                     step_features(frame), np.ones(4), intermittent=True)
+    assert text.endswith("each step it hits loses 1.02 s (×4.10)")

@@ -44,3 +44,14 @@ def test_lone_pauses_are_spikes_and_no_shift() -> None:
     results = [b.update(t) for t in ts]
     assert not any(r.level_shift for r in results)
     assert {results[s].irregular for s in range(40, 200, 40)} == {"spike"}
+
+
+def test_a_steps_significance_is_its_log_excess_in_the_windows_jitter() -> None:
+    """1% jitter: a step ×1.02 is about 2σ, a checkpoint ×3 about a hundred; warm-up none."""
+    b = StepTimeBaseline(window=50)
+    ts = _steps(60, 10**6, 1.0, 0, 2)
+    assert [b.update(t).z for t in ts[:5]] == [0.0] * 5
+    for t in ts[5:]:
+        b.update(t)
+    assert 1.0 < b.update(b.baseline_s * 1.02).z < 4.0
+    assert b.update(b.baseline_s * 3.0).z > 50.0

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
 from detectors.candidates import Candidates
+from detectors.evidence import Z_ON
 from detectors.features import step_features
-from detectors.network_suspects import Topology, network_suspects, transfer_reference
+from detectors.network_suspects import (
+    Burst,
+    Topology,
+    burst_of,
+    network_suspects,
+    transfer_reference,
+)
 from detectors.testing import frame_of, rank_step
 
 # six nodes of one traced rank each; every dp group has three members, one of them untraced
@@ -111,3 +121,78 @@ def test_a_job_of_two_nodes_names_the_link_between_them():
     assert suspects(()) == [("link:n0~n1", "link")]
     assert suspects(("n0", "n1")) == [("link:n0~n1", "link")]
     assert suspects(("n0", "n1", "n2")) == []  # four alike in the step: job-wide
+
+
+def _burst_frame(slow: set[tuple[str, int]], buffered: bool = False, spread: float = 1.0):
+    """`_pair_frame`'s four nodes with a loaded host's noise: healthy transfers jitter ×0.4 to
+    ×3 (σ ≈ 1 in log space, as sub-millisecond sends on a busy host), and the instances in
+    `slow` (group, seq) take 400 ms, as a flapping NIC's burst stalls what is in flight.
+    `buffered`: a slow send returns at once (gloo's), and its receiver, there first, waits
+    for the data. `spread` scales the noise."""
+    jitter = np.exp(spread * np.resize([0.0, 0.9, -0.6, 0.4, -0.9, 0.7, -0.3, 1.1, -1.0, 0.2], 15))
+    ops: dict[int, list] = {r: [] for r in range(4)}
+    t, k = 0.0, 0
+    for group, (a, b), kind in (("dp.0", (0, 1), "coll"), ("dp.1", (2, 3), "coll"),
+                                ("pp.0", (0, 2), "p2p"), ("pp.1", (1, 3), "p2p"),
+                                ("pp.2", (0, 3), "p2p")):
+        for seq in range(3):
+            dur = 400.0 if (group, seq) in slow else 10.0 * jitter[k]
+            k += 1
+            if kind == "coll":
+                for r in (a, b):
+                    ops[r].append(("coll", "all_reduce", group, seq, t, dur, 1 << 20))
+            else:
+                src, dst = (a, b) if seq != 1 else (b, a)  # both ways: their clocks line up
+                if buffered and (group, seq) in slow:
+                    ops[src].append(("p2p", "send", group, seq, t, 0.01, 1 << 16))
+                    ops[dst].append(("p2p", "recv", group, seq, t - 5.0, dur + 5.0, 1 << 16))
+                else:
+                    ops[src].append(("p2p", "send", group, seq, t, dur, 1 << 16))
+                    ops[dst].append(("p2p", "recv", group, seq, t, dur, 1 << 16))
+            t += 500.0
+    return frame_of([rank_step(r, f"n{r}", 0, ops[r]) for r in range(4)])
+
+
+def _burst_named(frame, burst: Burst | None) -> list[tuple[str, float]]:
+    feats = step_features(frame)
+    out = Candidates()
+    network_suspects(frame, feats, Topology(), transfer_reference(feats.inst), out, burst=burst)
+    return list(zip(out.entity, out.z, strict=True))
+
+
+def test_a_burst_is_named_by_the_seconds_its_transfers_cost_the_step():
+    """n1's NIC stalls one all-reduce and one send for 400 ms each: each is only a few σ of
+    the host's noise, and n1's other transfers were on time, so alone they stay under the
+    bar that counts (z_on).
+    The step doubled (0.8 s lost) and n1's transfers carry that loss: n1 is as significant
+    as the step."""
+    frame = _burst_frame({("dp.0", 0), ("pp.1", 0)})
+    assert all(z < Z_ON for _, z in _burst_named(frame, None))  # under the bar that counts
+    [(entity, z)] = _burst_named(frame, burst_of(1.2, 0.4, z=30.0))
+    assert entity == "node:n1" and 9.0 < z <= 10.0  # the step's z (clipped), nearly all carried
+
+
+def test_a_burst_on_a_pairs_shared_all_reduce_names_nobody():
+    """Only the all-reduce n0 and n1 share was stalled: both lost the same seconds, and no
+    burst says which end's NIC it was."""
+    assert _burst_named(_burst_frame({("dp.0", 0)}), burst_of(1.2, 0.4, z=30.0)) == []
+
+
+def test_a_buffered_sends_data_counts_as_its_receiver_saw_it_arrive():
+    """The send n1 posted returned at once (its copy 0.01 ms) and its data reached n3 400 ms
+    later: by the copies, n0 and n1 lost the same seconds (their shared all-reduce) and
+    nobody is named; by the data, n1 lost twice what n0 did."""
+    frame = _burst_frame({("dp.0", 0), ("pp.1", 0)}, buffered=True, spread=0.5)
+    [(entity, z)] = _burst_named(frame, burst_of(1.2, 0.4, z=30.0))
+    assert entity == "node:n1" and 9.0 < z <= 10.0
+
+
+def test_a_burst_carried_in_part_is_as_significant_as_its_share():
+    """One send of the link n1~n3 stalled 0.39 s of the 0.8 s the step lost: about half."""
+    [(entity, z)] = _burst_named(_burst_frame({("pp.1", 0)}), Burst(z=10.0, lost_s=0.8))
+    assert entity == "link:n1~n3" and 4.0 < z < 6.0
+
+
+def test_only_a_step_that_doubled_is_a_burst():
+    assert burst_of(0.7, 0.4, z=20.0) is None
+    assert burst_of(0.8, 0.4, z=20.0) == Burst(z=10.0, lost_s=pytest.approx(0.4))
