@@ -44,7 +44,7 @@ from detectors.features import StepFeatures, step_features
 from detectors.hang import EXIT_GRACE, FIRST_STALL_TIMEOUTS, HangDetector, HangFinding
 from detectors.incidents import IncidentBook, OpenIncident
 from detectors.irregularity import LEVEL_STEPS, WARMUP, StepTimeBaseline
-from detectors.network_suspects import Topology, burst_of, one_link, reference_and_peers
+from detectors.network_suspects import Burst, Topology, burst_of, one_link, reference_and_peers
 from detectors.node_history import NodeHistory
 from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
@@ -321,7 +321,7 @@ class JobDiagnoser(Stateful):
                   for e, k in zip(counted.entity, counted.kind, strict=True)]
         confirmed = self.tracker.update(
             frame.step, entity, counted.kind, counted.z,
-            _charged_excess(counted, step_time, baseline, self.tracker.z_on),
+            _charged_excess(counted, burst, self.tracker.z_on),
             counted.detail, keep, step_s=baseline,
         )
         touched: set[tuple[str, str]] = set()
@@ -475,7 +475,8 @@ class JobDiagnoser(Stateful):
                 suspects.append(Suspect(entity=t.entity, confidence=round(sc / total, 3)))
         lost_s, slowdown = cost.lost_s, cost.slowdown
         share = self.tracker.burst_share(tr.entity, tr.kind) if tr.intermittent else 0.0
-        between = slowdown - 1.0 < share / 2  # opened between bursts: quote what one costs
+        # an intermittent fault opened between its bursts: quote what one burst costs
+        between = tr.intermittent and slowdown - 1.0 < share / 2
         if between:
             lost_s, slowdown = share * self._baseline_s(), 1.0 + share
         summary = summarize(tr.kind, tr.entity, tr.detail, lost_s, slowdown, frame, feats,
@@ -575,21 +576,20 @@ def _opening_order(confirmed: list[Track]) -> list[Track]:
             for tr in sorted(kinds, key=lambda t: t.excess_s, reverse=True)]
 
 
-def _charged_excess(cands: Candidates, step_time: float, baseline: float, z_on: float
-                    ) -> list[float]:
+def _charged_excess(cands: Candidates, burst: Burst | None, z_on: float) -> list[float]:
     """Each suspect's excess as its evidence weighs it: its own, but for the strongest
-    significant network suspect of a step that at least doubled, which is charged what the
-    step lost. A burst of a flapping NIC stalls the step twice over or more, and the
+    significant network suspect of a step that at least doubled (`burst`), which is charged
+    what the step lost. A burst of a flapping NIC stalls the step twice over or more, and the
     transfers a step sees slow may be a small part of it: a buffered send returns at once
     and its transfer shows only in the receiver's wait (`evidence`: two such steps confirm
     an intermittent fault). Only the network's: a checkpoint or an eval step doubles a step
     too, and is some rank's time, never a transfer's."""
     out = list(cands.excess_s)
-    if not (step_time >= 2 * baseline > 0):
+    if burst is None:
         return out
     net = [i for i, (k, z) in enumerate(zip(cands.kind, cands.z, strict=True))
            if k in NETWORK_KINDS and z >= z_on]
     if net:
         top = max(net, key=lambda i: cands.z[i])
-        out[top] = max(out[top], step_time - baseline)
+        out[top] = max(out[top], burst.lost_s)
     return out

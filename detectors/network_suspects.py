@@ -316,7 +316,7 @@ def network_suspects(
     if frame.n_ranks < topo.world:
         refuted = _refuted_by_complete(frame, inst, idx, e, ie, ii, topo.group_size, n_ent)
     e_left = e.copy()
-    for _ in range(_NET_ROUNDS):
+    for round_no in range(_NET_ROUNDS):
         total = e_left.sum()
         if total <= 0:
             break
@@ -330,7 +330,7 @@ def network_suspects(
         best = int(np.argmax(score))
         z = score[best] / float(np.median(s_each[ii[ie == best]]))
         share = 0.0  # of a burst's lost seconds that `best` carries, alone
-        if burst is not None and z >= _BURST_MIN_Z and e_left.sum() == e.sum():
+        if burst is not None and round_no == 0 and z >= _BURST_MIN_Z:
             extra = _delivered_extra(frame, inst, idx, ref, s_pool, ie, ii, n_ent)
             best, share = _burst_carrier(best, extra, ent_kinds, ent_nodes, burst.lost_s)
             z = max(z, burst.z * share)
