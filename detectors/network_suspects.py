@@ -7,7 +7,8 @@ instance's own past too (`transfer_history`, `OwnPast`). Every network entity (a
 a p2p node pair, a leaf switch when the job start told us the topology) touches some
 instances; the entity whose instances are slow AND that explains most of the slow instances
 wins, its instances are explained away, and the rest is searched again (a few rounds, for
-concurrent faults).
+concurrent faults). A switch is judged only by the instances that can tell it apart: not by
+those whose every same-step peer crosses it too (`_blind_to`).
 
 A step that at least doubled is a burst (`burst_of`): a flapping NIC stalls what is in
 flight for a second, yet on a loaded host each stalled transfer is only a few σ of the
@@ -312,20 +313,28 @@ def network_suspects(
     ii = np.concatenate(inc_inst)
     n_ent = len(ent_names)
     cnt = np.bincount(ie, minlength=n_ent).astype(float)
+    # a switch is judged by the instances that can tell it apart (`_blind_to`)
+    on_switch = np.array([k == "switch" for k in ent_kinds])[ie]
+    seen = np.ones(ie.size, dtype=bool)
+    if on_switch.any():
+        seen[on_switch] = ~_blind_to(inst, idx, in_step, ie[on_switch], ii[on_switch], n_ent)
+    cnt_seen = np.bincount(ie, weights=seen, minlength=n_ent)
     refuted = np.zeros(n_ent, dtype=bool)
     if frame.n_ranks < topo.world:
-        refuted = _refuted_by_complete(frame, inst, idx, e, ie, ii, topo.group_size, n_ent)
+        refuted = _refuted_by_complete(frame, inst, idx, e, ie[seen], ii[seen],
+                                       topo.group_size, n_ent)
     e_left = e.copy()
     for round_no in range(_NET_ROUNDS):
         total = e_left.sum()
         if total <= 0:
             break
         sums = np.bincount(ie, weights=e_left[ii], minlength=n_ent)
-        s_in = sums / np.maximum(cnt, 1)
+        sums_seen = np.bincount(ie, weights=e_left[ii] * seen, minlength=n_ent)
+        s_in = sums_seen / np.maximum(cnt_seen, 1)
         # specificity: instances that do not touch the entity must be faster, else the
         # slowdown is everywhere (job-wide) and no single entity is to blame
         s_out = (total - sums) / np.maximum(idx.size - cnt, 1)
-        score = np.where(cnt > 0, np.maximum(s_in - s_out, 0.0) * sums / total, 0.0)
+        score = np.where(cnt_seen > 0, np.maximum(s_in - s_out, 0.0) * sums_seen / total, 0.0)
         score[refuted] = 0.0
         best = int(np.argmax(score))
         z = score[best] / float(np.median(s_each[ii[ie == best]]))
@@ -342,15 +351,48 @@ def network_suspects(
             if best < 0:
                 break  # several nodes explain it equally and no switch holds them all
         ids = ii[ie == best]
-        ratio = float(np.exp(e_left[ids][e_left[ids] > 0].mean()))
+        shown = ii[(ie == best) & seen]  # quoted: the instances that could tell it apart
+        if not (e_left[shown] > 0).any():
+            shown = ids
+        slow = e_left[shown] > 0
+        ratio = float(np.exp(e_left[shown][slow].mean()))
         out.add(
             ent_names[best],
             ent_kinds[best],
             z,
             float(node_extra[ent_nodes[best]].max()),
-            f"transfers ×{ratio:.2f} on {int((e_left[ids] > 0).sum())} of {ids.size} instances",
+            f"transfers ×{ratio:.2f} on {int(slow.sum())} of {shown.size} instances",
         )
         e_left[ids] = 0.0
+
+
+def _blind_to(
+    inst: Instances,
+    idx: np.ndarray,
+    in_step: np.ndarray,
+    ie: np.ndarray,
+    ii: np.ndarray,
+    n_ent: int,
+) -> np.ndarray:
+    """(incidences,) bool: the instance, judged against its step's peers, says nothing of
+    the entity because every one of those peers touches it too.
+
+    Its reference then runs through the entity itself. A leaf switch that holds a whole
+    pipeline stage carries every pipeline transfer and slows them alike, so they read as on
+    time; counted as the switch's fast instances they dilute its slow all-reduces into the
+    noise (a ×3 switch of a 32-GPU job scored z ≈ 4, and a job-wide shift opened first).
+    Only a switch is spared them: a node's or a link's on-time instances keep counting
+    against it, which is what prefers the narrowest entity when the step cannot tell (a
+    slow pipeline link and the NIC of either end, whose stage's all-reduces all cross it).
+    An instance judged by its own past is always seen."""
+    blind = np.zeros(ie.size, dtype=bool)
+    if not in_step.any():
+        return blind
+    sig, n_sig = _signatures(inst, idx)
+    peers = np.bincount(sig, weights=in_step, minlength=n_sig)
+    key = ie.astype(np.int64) * n_sig + sig[ii]
+    touching = np.bincount(key, weights=in_step[ii], minlength=n_ent * n_sig)
+    return in_step[ii] & (touching[key] == peers[sig[ii]])
 
 
 def _delivered_extra(

@@ -196,3 +196,45 @@ def test_a_burst_carried_in_part_is_as_significant_as_its_share():
 def test_only_a_step_that_doubled_is_a_burst():
     assert burst_of(0.7, 0.4, z=20.0) is None
     assert burst_of(0.8, 0.4, z=20.0) == Burst(z=10.0, lost_s=pytest.approx(0.4))
+
+
+def _stage_per_switch(slow: set[str], world: int = 4):
+    """Four nodes of one rank each, two leaf switches that each hold one pipeline stage: a
+    (n0, n1) and b (n2, n3). All-reduces dp.0 (n0, n1) and dp.1 (n2, n3) and pipeline
+    transfers n0→n2 and n1→n3, three each a step; every pipeline transfer crosses both
+    switches. The groups in `slow` take 30 ms instead of 10; `world` over 4: other ranks of
+    the job are not traced."""
+    ops: dict[int, list] = {r: [] for r in range(4)}
+    t = 0.0
+    for group, (a, b), kind in (("dp.0", (0, 1), "coll"), ("dp.1", (2, 3), "coll"),
+                                ("pp.0", (0, 2), "p2p"), ("pp.1", (1, 3), "p2p")):
+        for seq in range(3):
+            dur = 30.0 if group in slow else 10.0
+            if kind == "coll":
+                for r in (a, b):
+                    ops[r].append(("coll", "all_reduce", group, seq, t, dur, 1 << 20))
+            else:
+                ops[a].append(("p2p", "send", group, seq, t, dur, 1 << 16))
+                ops[b].append(("p2p", "recv", group, seq, t, dur, 1 << 16))
+            t += 50.0
+    frame = frame_of([rank_step(r, f"n{r}", 0, ops[r]) for r in range(4)])
+    feats = step_features(frame)
+    out = Candidates()
+    topo = Topology(switch_of={"n0": "a", "n1": "a", "n2": "b", "n3": "b"},
+                    group_size={"dp": 2}, world=world)
+    network_suspects(frame, feats, topo, transfer_reference(feats.inst), out)
+    return list(zip(out.entity, out.kind, out.detail, strict=True))
+
+
+def test_a_switch_is_judged_by_the_instances_that_can_tell_it_apart():
+    """Switch a slows its stage's all-reduces and every pipeline transfer alike: those read
+    as on time against each other (each one's peers all cross a too), and counted as a's
+    fast instances they hid its slow all-reduces, naming nobody."""
+    named = _stage_per_switch({"dp.0", "pp.0", "pp.1"})
+    assert [(e, k) for e, k, _ in named] == [("switch:a", "switch")]
+    assert named[0][2] == "transfers ×3.00 on 3 of 3 instances"  # the all-reduces it shows
+    # partial tracing: its on-time-alike pipeline transfers do not refute it either
+    assert [(e, k) for e, k, _ in _stage_per_switch({"dp.0", "pp.0", "pp.1"}, world=8)] == [
+        ("switch:a", "switch")]
+    # one NIC: n0's pipeline transfers are slower than n1's, and that tells the switch apart
+    assert [(e, k) for e, k, _ in _stage_per_switch({"dp.0", "pp.0"})] == [("node:n0", "link")]
