@@ -14,6 +14,11 @@ The narrowest entity the data supports:
   untraced ranks must live on one node (`untraced_home`: the job start named a node that
   reports nothing, and no more ranks are missing than one node holds): that node.
 
+When the dark node holds a whole pipeline stage (a job of two nodes), every traced group is
+complete and the dark stage shows only in the pipeline transfers that wait on it: their
+share of the traced ranks' step, against its usual level, names the dark node
+(`_dark_node_waits`).
+
 The kind stays `gpu` and the detail says the culprit is not traced. An untraced process
 that stalls once per step (a GC pause, a late loader) makes its group wait once, at whatever
 collective follows: the group's total wait rises, its typical collective does not. That is
@@ -70,6 +75,9 @@ _MIN_PEERS = 3  # groups of one kind on one stage to compare with
 # jitter far more than a group's waits (as `host_suspects` floors a traced rank's)
 _STALL_SIGMA_FLOOR = 0.01
 _STALL_RATE_WEIGHT = 0.25  # weight of the latest step in a group's recent stall rate
+# σ floor of the log share of the traced ranks' step spent waiting on a dark node: those
+# waits follow the dark stage's data and schedule, far noisier than a group's least wait
+_DARK_SIGMA_FLOOR = 0.02
 HISTORY = 20  # steps of each group's own least wait kept as its usual level
 _MIN_HISTORY = 5  # steps a group must have been seen before it is judged
 
@@ -137,6 +145,17 @@ class WaitHistory(Stateful):
         spread = np.maximum(spread, max(float(np.median(spread[known])), floor))
         return d, d / spread
 
+    def change_alone(self, name: str, value: float, floor: float) -> tuple[float, float]:
+        """`change` of one series judged alone: its change from its usual level, and that
+        change in units of its own spread (at least `floor`); NaN with too little history.
+        Nothing is taken off: the caller's series is already relative to the job."""
+        row = int(self._rows([name])[0])
+        if self.count[row] < _MIN_HISTORY:
+            return float("nan"), float("nan")
+        hist = self.values[row]
+        d = value - float(np.nanmedian(hist))
+        return d, d / max(float(np.nanstd(hist, ddof=1)), floor)
+
     def learn(self, names: list[str], log_wait: np.ndarray, suspect: np.ndarray) -> None:
         """Add this step's waits to the usual level, except a suspect's once it has one."""
         rows = self._rows(names)
@@ -193,9 +212,6 @@ def untraced_suspects(
     """Add `gpu` suspects on the node a group with a long least wait must wait on."""
     if not topo.group_size or frame.n_ops == 0:
         return
-    partial, observed, measured = partial_groups(frame, topo.group_size)
-    if not partial.any():
-        return
     home = untraced_home(frame, topo)
     if any(k in ("link", "switch") or z >= Z_ON for k, z in zip(out.kind, out.z, strict=True)):
         # The dark node's ranks can be late because of something the traced views see: a
@@ -204,6 +220,29 @@ def untraced_suspects(
         # Their own waits, which would show that, are dark: the traced culprit is the
         # explanation, not the dark node.
         home = None
+    partial, observed, measured = partial_groups(frame, topo.group_size)
+    if partial.any():
+        _group_suspects(frame, feats, topo, stages, noise, history, out, home,
+                        (partial, observed, measured))
+    elif home is not None:  # the dark node holds whole groups: a pipeline stage of its own
+        _dark_node_waits(frame, feats, topo, home, history, out)
+
+
+def _group_suspects(
+    frame: StepFrame,
+    feats: StepFeatures,
+    topo: Topology,
+    stages: tuple[np.ndarray, int],
+    noise: NoiseMemory,
+    history: WaitHistory,
+    out: Candidates,
+    home: str | None,
+    groups: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    """The suspects of the collective groups with untraced members (`partial_groups`:
+    partial, observed members, measured), placed on a node (`_places`; `home`: the one node
+    every untraced rank is on, or None)."""
+    partial, observed, measured = groups
     p_group, p_rank, rep, wait, typical = _least_waits(frame, feats, measured)
     # a group is as unusual as the less unusual of its two waits says (`_least_waits`)
     all_names = [frame.groups[int(g)] for g in p_group[rep]]
@@ -287,6 +326,77 @@ def untraced_suspects(
             f"{int(frame.rank[g_rank[i]])} included) on {int(untraced[i])} member(s) that are "
             "not traced",
         )
+
+
+def _dark_node_waits(
+    frame: StepFrame,
+    feats: StepFeatures,
+    topo: Topology,
+    home: str,
+    history: WaitHistory,
+    out: Candidates,
+) -> None:
+    """A `gpu` suspect on the dark node `home` when the traced ranks' time in transfers with
+    an untraced member (all of them on `home`) grew against their own work. Only when no
+    collective group misses members: where some do, their waits are the sharper evidence
+    (`_group_suspects`), and a job-wide shift moved this share in a 32-GPU clean run.
+
+    A job of two nodes with one dark is a traced stage and a dark one: the traced groups are
+    complete, and what the dark stage does shows only in the pipeline transfers that wait on
+    it. A slow GPU, host or NIC there lengthens those waits while the traced ranks' own work
+    (the rest of their step) does not; a change of the whole job (longer sequences, a slower
+    model) lengthens both. So the waits are measured as a share of the own work, against
+    that share's usual level (`WaitHistory.change_alone`); which part of the dark node is
+    slow, nothing traced can tell. If the own work grew at least as much, the traced side
+    changed (a starved host there makes its own ranks late, and the dark stage with them).
+
+    Unless it is the network: the quickest of those transfers (the tenth percentile: the
+    peer was there first) are pure transfers, and a slow GPU or host on the dark node leaves them
+    as they were, while a slow NIC or link stretches every transfer to it. When they carry
+    the rise, the suspect is the link between the two nodes of a two-node job (either NIC or
+    the path between, which nothing tells apart), and the dark node's NIC in a larger one."""
+    inst = feats.inst
+    size = layout_sizes(frame.groups, topo.group_size)
+    judged = np.array([not g.startswith("ep.") for g in frame.groups], dtype=bool)
+    partial = judged[inst.group] & (size[inst.group] > 1) & (inst.n_copies < size[inst.group])
+    if not partial.any():
+        return
+    mine = partial[inst.copy_inst]
+    held = inst.transfer_s[inst.copy_inst[mine]] + inst.copy_wait_s[mine]
+    dark_s = np.bincount(inst.copy_rank[mine], weights=held, minlength=frame.n_ranks)
+    waiting = dark_s > 0
+    # the traced ranks' own work (compute, and the host's gaps) and the rest of their step:
+    # the waits on the dark node, and what they pass on (a rank that waited longer makes its
+    # traced group wait for it in their next all-reduce)
+    own_s = feats.compute_s + feats.gap_s
+    own = float(np.median(own_s[waiting]))
+    dark = float(np.median((feats.span_s - own_s)[waiting]))
+    if own <= 0 or dark <= 0:
+        return
+    share = float(np.log(dark / own))
+    quickest = float(np.log(max(float(np.quantile(held, 0.1)), 1e-9)))
+    levels = np.array([share, quickest, np.log(own)])
+    names = [f"dark:{home}", f"dark quickest:{home}", f"dark own:{home}"]
+    d, z = history.change_alone(names[0], share, _DARK_SIGMA_FLOOR)
+    d_quick, _ = history.change_alone(names[1], quickest, _DARK_SIGMA_FLOOR)
+    d_own, _ = history.change_alone(names[2], float(levels[2]), _DARK_SIGMA_FLOOR)
+    unusual = bool(np.isfinite(z) and z >= Z_REPORT)
+    history.learn(names, levels, np.full(3, unusual))
+    if not unusual or (np.isfinite(d_own) and d_own >= d):
+        return  # usual, or the traced ranks' own work grew as much: the traced side changed
+    excess = dark * (1 - float(np.exp(-d)))
+    if not (np.isfinite(d_quick) and d_quick >= 0.5 * d):
+        out.add(f"node:{home}", "gpu", z, excess,
+                f"the traced ranks wait ×{np.exp(d):.2f} their usual on it (its agent is down, "
+                "so its ranks report nothing; its host would look the same)")
+    elif len(topo.nodes) == 2:
+        out.add("link:" + "~".join(sorted(topo.nodes)), "link", z, excess,
+                f"every transfer to node {home}, which is not traced, is slower: its quickest "
+                f"×{np.exp(d_quick):.2f} (either end's NIC or the path between)")
+    else:
+        out.add(f"node:{home}", "link", z, excess,
+                f"every transfer to it is slower, its quickest ×{np.exp(d_quick):.2f} (its "
+                "agent is down, so its ranks report nothing)")
 
 
 def _where_it_starts(z: np.ndarray, lone: np.ndarray) -> np.ndarray:

@@ -32,8 +32,9 @@ def register(app: typer.Typer) -> None:
         mbit: float = typer.Option(20.0, help="nic: the rate its NIC is held to, Mbit/s"),
         traced: str = typer.Option(
             "all", help="ranks that run the hook: all | tp0 (each node's first rank, one per "
-                        "tensor-parallel group) | half (rank 0 and a random half, by --seed); "
-                        "a fault on an untraced rank is named right by its node"),
+                        "tensor-parallel group) | half (rank 0 and a random half, by --seed) "
+                        "| node_dark (all but the last node's: its agent is down); a fault on "
+                        "an untraced rank is named right by its node"),
         comm_only: bool = typer.Option(
             False, "--comm-only", help="diagnose the recording without its compute ops, as a "
                                        "communication-only tracer logs"),

@@ -46,8 +46,9 @@ from schemas.wire import IncidentV1
 
 FAULTS = ("none", "slow-rank", "nic", "flapping-nic", "freeze", "kill")
 # which ranks run the hook: every one, one per tensor-parallel group (a node's first, as
-# production tracers often record only TP rank 0), or rank 0 and a seeded random half
-TRACED = ("all", "tp0", "half")
+# production tracers often record only TP rank 0), rank 0 and a seeded random half, or all
+# but the last node's (its agent is down; the job start still names it)
+TRACED = ("all", "tp0", "half", "node_dark")
 ROOTLESS_FAULTS = ("none", "freeze", "kill")
 # what a correct diagnosis of each fault reports: (incident kind, entity kind of the culprit)
 EXPECTED_KIND = {"slow-rank": "gpu", "nic": "link", "flapping-nic": "link", "freeze": "hang",
@@ -94,6 +95,8 @@ class DrillSpec:
             raise ValueError("at least 2 ranks, spread evenly over the nodes")
         if self.nodes % self.pp:
             raise ValueError("the nodes must split evenly into the pipeline stages")
+        if self.traced == "node_dark" and self.nodes < 2:
+            raise ValueError("a dark node needs at least 2 nodes (the first one starts the job)")
         if self.steps_before < 10 or self.steps_after < 5:
             raise ValueError("at least 10 steps before the fault and 5 after")
 
@@ -109,7 +112,11 @@ class DrillSpec:
         >>> half = DrillSpec(traced="half", seed=5).traced_ranks()
         >>> len(half), 0 in half, half == DrillSpec(traced="half", seed=5).traced_ranks()
         (4, True, True)
+        >>> sorted(DrillSpec(traced="node_dark").traced_ranks())
+        [0, 1, 2, 3, 4, 5]
         """
+        if self.traced == "node_dark":
+            return frozenset(range(self.ranks - self.per_node))
         if self.traced == "tp0":
             return frozenset(range(0, self.ranks, self.per_node))
         if self.traced == "half":
@@ -389,6 +396,8 @@ def _ranks(spec: DrillSpec, hosts: list[Host], job: str, out: Path,
         env = dict(os.environ, FLARE_AGENT="1" if r in traced else "0", FLARE_JOB=job,
                    FLARE_NODE=h.name, FLARE_AGENT_SOCKET=str(out / f"{h.name}.sock"),
                    LOCAL_RANK=str(r % per_node), GLOO_SOCKET_IFNAME=h.nic, OMP_NUM_THREADS="1")
+        if spec.traced == "node_dark":  # the job start names every node: the dark one too
+            env["FLARE_JOB_NODES"] = ",".join(x.name for x in hosts)
         argv = [sys.executable, "-m", "flare.drill.train", "--rank", str(r), "--world",
                 str(spec.ranks), "--per-node", str(per_node),
                 "--pp", str(spec.pp if len(hosts) > 1 else 1), "--master", master,

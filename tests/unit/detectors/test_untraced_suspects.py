@@ -330,3 +330,49 @@ def test_in_a_job_too_small_for_stage_peers_the_group_that_rose_most_names_its_n
     usual = [_small_job(None, s, jitter=0.5) for s in range(8)]
     assert _judge([*usual, _small_job(1, 8)], topo) == [("node:n1", "gpu")]
     assert _judge([*usual, _small_job(None, 8, jitter=0.5)], topo) == []
+
+
+def _dark_stage(step: int, wait: float, compute: float = 40.0, send: float = 2.0):
+    """A job of two nodes with n1's agent down: the traced stage on n0 (ranks 0-3, one tp
+    group) computes, sends to its untraced pipeline peer on n1 (rank r + 4; `send` ms, the
+    peer was ready), receives from it (`wait` ms: the peer's work and the transfer), and
+    all-reduces; a little jitter from step to step."""
+    j = 1.0 + 0.01 * ((step * 7) % 5 - 2)
+    return frame_of([rank_step(r, "n0", step, [
+        ("compute", "fwd", "", 0, 0.0, compute, 0),
+        ("p2p", "send", f"pp.{r}", 2 * step, compute, send * j, 1 << 16),
+        ("p2p", "recv", f"pp.{r}", 2 * step + 1, compute + send * j, wait * j, 1 << 16),
+        ("coll", "all_reduce", "tp.0", step, compute + (send + wait) * j, 2.0, 1 << 20),
+    ]) for r in range(4)])
+
+
+def _dark_stage_suspects(frames) -> list[tuple[str, str]]:
+    topo = Topology(group_size={"tp": 4}, world=8, nodes=("n0", "n1"))
+    history = WaitHistory()
+    for frame in frames:
+        out = Candidates()
+        untraced_suspects(frame, step_features(frame), topo, stage_keys(frame), NoiseMemory(),
+                          history, out)
+    return list(zip(out.entity, out.kind, strict=True))
+
+
+def test_a_dark_stage_that_slows_is_named_by_the_waits_on_it():
+    """Every traced group is complete; only the pipeline transfers wait on the dark node. The
+    receives doubled while the traced ranks' own work did not: the dark node is slow."""
+    usual = [_dark_stage(s, 10.0) for s in range(8)]
+    assert _dark_stage_suspects(usual + [_dark_stage(8, 20.0)]) == [("node:n1", "gpu")]
+    assert _dark_stage_suspects(usual + [_dark_stage(8, 10.0)]) == []
+    # the whole job slower alike (its compute and the dark stage's): a change of the job
+    assert _dark_stage_suspects(usual + [_dark_stage(8, 20.0, compute=80.0)]) == []
+    # the traced ranks' own work grew more than their waits (their host starved, the dark
+    # stage late with them): the traced side changed, not the dark node
+    assert _dark_stage_suspects(usual + [_dark_stage(8, 20.0, compute=60.0)]) == []
+
+
+def test_a_dark_stage_whose_quickest_transfers_slowed_too_is_the_link_to_it():
+    """The sends, whose peer was ready, doubled with the receives: every transfer to the dark
+    node is slower, which its GPU or host would not do. In a job of two nodes that is the
+    link between them (either NIC or the path between)."""
+    usual = [_dark_stage(s, 10.0) for s in range(8)]
+    slow = _dark_stage(8, 20.0, send=4.0)
+    assert _dark_stage_suspects(usual + [slow]) == [("link:n0~n1", "link")]
