@@ -203,3 +203,16 @@ def test_a_burst_whose_data_arrived_late_is_named_by_what_the_receivers_waited()
     [(opened, kind, culprit)] = _device_incidents("flapping-nic-node-0-burst-data-late.jsonl.gz")
     assert (kind, culprit) == ("link", "node:node-0")
     assert FLAP_ONSET <= opened <= FLAP_ONSET + 6
+
+
+def test_a_throttled_rank_on_a_dark_node_of_two_is_named_by_that_node():
+    """Two nodes in two pipeline stages (`--nodes 2 --pp 2 --traced node_dark`): node-1's
+    agent is down, and the job start names it. Every traced group is complete, so nothing
+    misses members; what shows is the traced stage waiting on node-1 at every pipeline
+    transfer, ×4 its usual share of their step, while its own work does not change. The
+    code before it opened nothing but a job-wide shift; a reading of the quickest transfers
+    that the simulator supports named the link (a starved receiver blocks the sends too)."""
+    [(opened, kind, culprit)] = _device_incidents(
+        "node-dark-two-nodes-throttled-dark-rank7.jsonl.gz")
+    assert (kind, culprit) == ("gpu", "node:node-1")
+    assert DEFAULT_ONSET - 1 <= opened <= DEFAULT_ONSET + 2
