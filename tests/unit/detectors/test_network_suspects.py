@@ -63,17 +63,15 @@ def test_with_every_rank_traced_nothing_is_refuted():
     assert ("node:n0", "link") in _named(_frame(slow_p2p=False), world=6)
 
 
-def _pair_frame(slow_links: set[str]):
-    """Four nodes of one rank each: data-parallel pairs dp.0 (n0, n1) and dp.1 (n2, n3), three
-    all-reduces each; pipeline transfers n0→n2, n1→n3 and n0→n3, three each. The groups and
-    links in `slow_links` take 40 ms instead of 10."""
+def _four_nodes(links, slow: set[str], slow_ms: float):
+    """Four nodes of one rank each; each (group, (a, b), kind) of `links` runs three
+    all-reduces ("coll") or three transfers a → b ("p2p"), 10 ms each, `slow_ms` in the
+    groups of `slow`."""
     ops: dict[int, list] = {r: [] for r in range(4)}
     t = 0.0
-    for group, (a, b), kind in (("dp.0", (0, 1), "coll"), ("dp.1", (2, 3), "coll"),
-                                ("pp.0", (0, 2), "p2p"), ("pp.1", (1, 3), "p2p"),
-                                ("pp.2", (0, 3), "p2p")):
+    for group, (a, b), kind in links:
         for seq in range(3):
-            dur = 40.0 if group in slow_links else 10.0
+            dur = slow_ms if group in slow else 10.0
             if kind == "coll":
                 for r in (a, b):
                     ops[r].append(("coll", "all_reduce", group, seq, t, dur, 1 << 20))
@@ -82,6 +80,15 @@ def _pair_frame(slow_links: set[str]):
                 ops[b].append(("p2p", "recv", group, seq, t, dur, 1 << 16))
             t += 50.0
     return frame_of([rank_step(r, f"n{r}", 0, ops[r]) for r in range(4)])
+
+
+def _pair_frame(slow_links: set[str]):
+    """Four nodes of one rank each: data-parallel pairs dp.0 (n0, n1) and dp.1 (n2, n3), three
+    all-reduces each; pipeline transfers n0→n2, n1→n3 and n0→n3, three each. The groups and
+    links in `slow_links` take 40 ms instead of 10."""
+    return _four_nodes((("dp.0", (0, 1), "coll"), ("dp.1", (2, 3), "coll"),
+                        ("pp.0", (0, 2), "p2p"), ("pp.1", (1, 3), "p2p"),
+                        ("pp.2", (0, 3), "p2p")), slow_links, 40.0)
 
 
 def test_a_pairs_shared_all_reduces_alone_do_not_say_which_end_is_slow():
@@ -204,20 +211,8 @@ def _stage_per_switch(slow: set[str], world: int = 4):
     transfers n0→n2 and n1→n3, three each a step; every pipeline transfer crosses both
     switches. The groups in `slow` take 30 ms instead of 10; `world` over 4: other ranks of
     the job are not traced."""
-    ops: dict[int, list] = {r: [] for r in range(4)}
-    t = 0.0
-    for group, (a, b), kind in (("dp.0", (0, 1), "coll"), ("dp.1", (2, 3), "coll"),
-                                ("pp.0", (0, 2), "p2p"), ("pp.1", (1, 3), "p2p")):
-        for seq in range(3):
-            dur = 30.0 if group in slow else 10.0
-            if kind == "coll":
-                for r in (a, b):
-                    ops[r].append(("coll", "all_reduce", group, seq, t, dur, 1 << 20))
-            else:
-                ops[a].append(("p2p", "send", group, seq, t, dur, 1 << 16))
-                ops[b].append(("p2p", "recv", group, seq, t, dur, 1 << 16))
-            t += 50.0
-    frame = frame_of([rank_step(r, f"n{r}", 0, ops[r]) for r in range(4)])
+    frame = _four_nodes((("dp.0", (0, 1), "coll"), ("dp.1", (2, 3), "coll"),
+                         ("pp.0", (0, 2), "p2p"), ("pp.1", (1, 3), "p2p")), slow, 30.0)
     feats = step_features(frame)
     out = Candidates()
     topo = Topology(switch_of={"n0": "a", "n1": "a", "n2": "b", "n3": "b"},
