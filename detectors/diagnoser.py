@@ -614,15 +614,15 @@ def _untraced_excess(frame: StepFrame, feats: StepFeatures, cands: Candidates,
     """
     present = {frame.nodes[i] for i in np.unique(frame.node).tolist()}
     out: dict[tuple[str, str], float] = {}
-    inst = feats.inst
-    size = layout_sizes(frame.groups, group_size)
-    if ((inst.kind == COLL) & (inst.n_copies < size[inst.group])).any():
-        return out
     for e, k, x in zip(cands.entity, cands.kind, cands.excess_s, strict=True):
         what, _, name = e.partition(":")
         ends = name.split("~") if what == "link" else [name] if what == "node" else []
         if ends and not set(ends) <= present:
             out[(k, e)] = max(out.get((k, e), 0.0), x)
+    inst = feats.inst
+    size = layout_sizes(frame.groups, group_size)
+    if out and ((inst.kind == COLL) & (inst.n_copies < size[inst.group])).any():
+        return {}
     return out
 
 
