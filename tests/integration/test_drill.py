@@ -6,8 +6,9 @@ per node, publishing to a tansu broker in the run's hub namespace over the node'
 injects the fault with the kernel's own mechanisms (a cgroup CPU quota, a tbf rate limit on
 the node's NIC, the cgroup freezer, SIGKILL) and diagnoses what the broker received with the
 worker's detectors. One drill traces one rank per node only (`--traced tp0`), with the fault
-on a rank that is not traced. Namespaces, cgroups and qdiscs need root; without it the tests
-skip.
+on a rank that is not traced; it runs in the slow tier (`pytest -m slow`), and its
+recordings' diagnosis is in the default run (`test_drill_recordings.py`). Namespaces,
+cgroups and qdiscs need root; without it the tests skip.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ SHORT = {"steps_before": 25, "steps_after": 20}
     ("flapping-nic", 200, 20, "all"),
     ("freeze", 2, 20, "all"),
     ("kill", 3, 20, "all"),
-    ("kill", 101, 20, "tp0"),
+    # the default run sits near CI's 20-minute budget: this one is in the slow tier
+    pytest.param("kill", 101, 20, "tp0", marks=pytest.mark.slow),
 ])
 def test_a_real_fault_is_named_with_its_culprit_and_kind(tmp_path: Path, fault: str, seed: int,
                                                          after: int, traced: str) -> None:
