@@ -48,9 +48,9 @@ from detectors.network_suspects import (
     Burst,
     Topology,
     burst_of,
-    layout_sizes,
     one_link,
     reference_and_peers,
+    short_of_members,
 )
 from detectors.node_history import NodeHistory
 from detectors.noise import NoiseMemory
@@ -620,8 +620,8 @@ def _untraced_excess(frame: StepFrame, feats: StepFeatures, cands: Candidates,
         if ends and not set(ends) <= present:
             out[(k, e)] = max(out.get((k, e), 0.0), x)
     inst = feats.inst
-    size = layout_sizes(frame.groups, group_size)
-    if out and ((inst.kind == COLL) & (inst.n_copies < size[inst.group])).any():
+    short = short_of_members(frame.groups, inst.group, inst.n_copies, group_size)
+    if out and ((inst.kind == COLL) & short).any():
         return {}
     return out
 

@@ -131,6 +131,13 @@ def layout_sizes(groups: list[str], group_size: dict[str, int]) -> np.ndarray:
     return np.array([2 if k == "pp" else group_size.get(k, 0) for k in kinds], dtype=np.int64)
 
 
+def short_of_members(groups: list[str], group: np.ndarray, n_copies: np.ndarray,
+                     group_size: dict[str, int]) -> np.ndarray:
+    """(I,) bool: the instance (its group code, its traced copies) has fewer copies than the
+    layout gives its group members (`layout_sizes`): partial tracing."""
+    return n_copies < layout_sizes(groups, group_size)[group]
+
+
 def transfer_reference(inst: Instances) -> np.ndarray:
     """(I,) normal transfer of comparable instances (same kind, op, bytes, size, cross-node)
     in this step; NaN where fewer than three are comparable.

@@ -35,7 +35,7 @@ rank waits 1 ms in its group's all-reduce; then the untraced members of `tp.2` t
 rank 8 waits 30 ms where the others still wait 1 ms:
 
 >>> from detectors.features import step_features
->>> from detectors.network_suspects import Topology, layout_sizes
+>>> from detectors.network_suspects import Topology, layout_sizes, short_of_members
 >>> from detectors.noise import NoiseMemory
 >>> from detectors.peers import stage_keys
 >>> from detectors.testing import frame_of, rank_step
@@ -61,7 +61,7 @@ from detectors.base import Stateful
 from detectors.candidates import Z_REPORT, Candidates
 from detectors.evidence import Z_ON
 from detectors.features import StepFeatures
-from detectors.network_suspects import Topology, layout_sizes
+from detectors.network_suspects import Topology, layout_sizes, short_of_members
 from detectors.noise import NoiseMemory
 from detectors.segments import grouped_median
 from schemas.frame import StepFrame
@@ -358,15 +358,14 @@ def _dark_node_waits(
     throttled dark rank of three were named the link, a NIC drill the node). So the dark
     node is named, and its summary says what else would look the same."""
     inst = feats.inst
-    size = layout_sizes(frame.groups, topo.group_size)
     judged = np.array([not g.startswith("ep.") for g in frame.groups], dtype=bool)
-    partial = judged[inst.group] & (size[inst.group] > 1) & (inst.n_copies < size[inst.group])
+    partial = judged[inst.group] & short_of_members(frame.groups, inst.group, inst.n_copies,
+                                                    topo.group_size)
     if not partial.any():
         return
-    mine = partial[inst.copy_inst]
-    held = inst.transfer_s[inst.copy_inst[mine]] + inst.copy_wait_s[mine]
-    dark_s = np.bincount(inst.copy_rank[mine], weights=held, minlength=frame.n_ranks)
-    waiting = dark_s > 0
+    # the traced ranks with a copy of such an instance: they wait on the dark node
+    waiting = np.bincount(inst.copy_rank[partial[inst.copy_inst]],
+                          minlength=frame.n_ranks) > 0
     # the traced ranks' own work (compute, and the host's gaps) and the rest of their step:
     # the waits on the dark node, and what they pass on (a rank that waited longer makes its
     # traced group wait for it in their next all-reduce)

@@ -66,7 +66,7 @@ import numpy as np
 
 from detectors.base import Stateful
 from detectors.features import Instances, StepFeatures, rank_max
-from detectors.network_suspects import REF_QUANTILE, transfer_reference
+from detectors.network_suspects import REF_QUANTILE, short_of_members, transfer_reference
 from detectors.p2p import delivered
 from detectors.peers import replica_keys, stage_keys
 from detectors.reconcile import NETWORK_KINDS
@@ -261,7 +261,7 @@ def job_cost(
     feats = replace(feats, inst=replace(feats.inst, transfer_s=seen))
     inst = feats.inst
     skew = clocks.offset_ns
-    short = _missing_members(frame, inst.group, inst.n_copies, group_size or {})
+    short = short_of_members(frame.groups, inst.group, inst.n_copies, group_size or {})
     typical = _typical_transfer(inst)
     # an instance that misses untraced members: if even its shortest copy lasted well over
     # the typical transfer, that copy waited too, for an untraced member that arrived last,
@@ -374,15 +374,6 @@ def _earliest_copy_end(
         ends += _origins(frame, skew_ns)[frame.op_rank_index()[comm]]
         np.minimum.at(out, inst.copy_inst, ends)
     return out
-
-
-def _missing_members(
-    frame: StepFrame, group: np.ndarray, n_copies: np.ndarray, group_size: dict[str, int]
-) -> np.ndarray:
-    """(I,) bool: the instance has fewer traced copies than its group has members."""
-    kinds = [g.partition(".")[0] for g in frame.groups]
-    size = np.array([2 if k == "pp" else group_size.get(k, 0) for k in kinds], dtype=np.int64)
-    return n_copies < size[group] if size.size else np.zeros(n_copies.size, bool)
 
 
 def _change(
