@@ -10,7 +10,7 @@ What the traces do carry:
 - the worker thread that ran each collective: every gloo process group owns its threads
   (`THREADS_PER_GROUP`), so a thread's collectives are all one group's.
 
-Three things tell which group a thread serves, each checking the one before:
+Three things tell which group a thread serves, each checking the ones before:
 1. **When its collectives end.** The copies of one collective instance end together on every
    member: the last chunk reaches them all within a hop. So for the thread's group, each
    traced member has an op of the same name ending at the same time, up to its clock's
@@ -24,7 +24,10 @@ Three things tell which group a thread serves, each checking the one before:
    when no thread pays much for them (`_in_creation_order`).
 3. **How many ops each member ran.** Every member of a group runs as many of its ops in each
    step. A thread that leaves its rank's count off the other members' is moved to the group
-   that lacks exactly its ops (`_repaired`).
+   that lacks exactly its ops (`_repaired`). When counts still disagree (on a loaded host
+   the scheduler holds ends by milliseconds, and timing misplaces whole blocks), each rank
+   takes the creation-order placement that makes its groups' counts agree (`_counted`).
+   Groups with the same members are told apart by nothing: the earliest is named.
 
 A thread no traced member can speak for keeps `pg.unknown`. The p2p ops, which gloo runs
 on the calling thread, get their pairs in `peers`.
@@ -54,6 +57,7 @@ stream per group, are not inferred here.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,6 +72,7 @@ _OTHER_FIT, _UNSEEN = 0.2, 1.0  # thread costs (see _costs)
 _MEAN_ACCEPTED, _WORST_ACCEPTED = 1.0, 4.0  # what the creation-order prior may cost
 _MIN_MATCHED = 3  # ops a thread needs before its group is judged
 _JUDGES = 16  # members of a large group that judge a thread (see _judges)
+_PLACEMENTS = 1024  # creation-order placements of one rank's threads worth trying
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,16 @@ class ThreadOps:
             return np.broadcast_to(np.asarray(x, dtype=np.int64), (n,)).copy()
 
         return ThreadOps(np.asarray(names, dtype=str), col(end_ns), col(dur_ns), col(step))
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One way a rank's threads, sorted by id, sit on its groups: one group per thread,
+    with what timing says it costs in all (`paid`) and for the worst-placed thread."""
+
+    paid: float
+    worst: float
+    groups: tuple[ProcessGroup, ...]
 
 
 def process_groups(dist: Mapping[str, Any]) -> tuple[ProcessGroup, ...]:
@@ -177,41 +192,36 @@ def _costs(mine: ThreadOps, groups: tuple[ProcessGroup, ...],
             else 1.0 + float(np.log(w)) for g, w in worst.items()}
 
 
-def _in_creation_order(tids: list[str], costs: list[dict[ProcessGroup, float]],
-                       groups: tuple[ProcessGroup, ...]) -> list[ProcessGroup] | None:
-    """The threads' groups when gloo made them as it does: each group's
-    `THREADS_PER_GROUP` worker threads at its creation, groups in the order their names
-    count, so a rank's threads sorted by id fall into consecutive blocks of one group each,
-    in that order. The cheapest such assignment, or None when the threads do not divide
-    into blocks or it would give some thread a group that clearly does not explain it (a
-    job with other thread counts, or groups created lazily)."""
+def _placements(n_threads: int, costs: list[dict[ProcessGroup, float]],
+                groups: tuple[ProcessGroup, ...]) -> list[Placement]:
+    """Every way the rank's threads, sorted by id, can be gloo's: consecutive blocks of
+    `THREADS_PER_GROUP`, each one group's, the groups in the order their names count (a group
+    that ran no collective left no threads in the trace). [] when the threads do not divide
+    into blocks, or the ways are too many to try."""
     k = THREADS_PER_GROUP
     order = sorted(groups, key=lambda g: -_order(g))
-    if not tids or len(tids) % k or len(tids) // k > len(order):
+    blocks = n_threads // k
+    if not n_threads or n_threads % k or blocks > len(order) \
+            or math.comb(len(order), blocks) > _PLACEMENTS:
+        return []
+    out = []
+    for picks in combinations(order, blocks):
+        chosen = tuple(g for g in picks for _ in range(k))
+        paid = [c.get(g, _UNSEEN) for c, g in zip(costs, chosen, strict=True)]
+        out.append(Placement(sum(paid), max(paid), chosen))
+    return out
+
+
+def _in_creation_order(placements: list[Placement]) -> tuple[ProcessGroup, ...] | None:
+    """The cheapest placement, or None when it would give some thread a group that clearly
+    does not explain it (a job with other thread counts, or groups created lazily)."""
+    if not placements:
         return None
-    blocks = len(tids) // k
-    cost = np.array([[sum(costs[b * k + i].get(g, _UNSEEN) for i in range(k)) for g in order]
-                     for b in range(blocks)])
-    best = np.full(cost.shape, np.inf)  # best[b, j]: blocks 0..b placed, block b on group j
-    came = np.zeros(cost.shape, dtype=np.int64)
-    best[0] = cost[0]
-    for b in range(1, blocks):
-        for j in range(1, len(order)):
-            i = int(np.argmin(best[b - 1][:j]))
-            best[b, j] = cost[b, j] + best[b - 1][i]
-            came[b, j] = i
-    j = int(np.argmin(best[-1]))
-    if not np.isfinite(best[-1, j]):
+    best = min(placements, key=lambda p: p.paid)
+    n = len(best.groups)
+    if best.paid > _MEAN_ACCEPTED * n or best.worst > _WORST_ACCEPTED:
         return None
-    picks = [j]
-    for b in range(blocks - 1, 0, -1):
-        j = int(came[b, j])
-        picks.append(j)
-    chosen = [order[j] for j in reversed(picks) for _ in range(k)]
-    paid = [c.get(g, _UNSEEN) for c, g in zip(costs, chosen, strict=True)]
-    if sum(paid) > _MEAN_ACCEPTED * len(paid) or max(paid) > _WORST_ACCEPTED:
-        return None
-    return chosen
+    return best.groups
 
 
 def assign_threads(threads: Mapping[tuple[int, str], ThreadOps],
@@ -222,11 +232,14 @@ def assign_threads(threads: Mapping[tuple[int, str], ThreadOps],
     `threads`: every traced rank's worker threads with their collectives. `groups`: each
     rank's process groups (`process_groups`). Each thread first gets its best fit (module
     doc); then the members of every group must have run as many of its ops in each step,
-    and a thread that breaks that is moved to another group it fits (`_repaired`).
+    and a thread that breaks that is moved to another group it fits (`_repaired`), or its
+    rank's threads to the creation-order placement the counts agree with (`_counted`).
     """
     ends_by_rank = _ends_by_rank(threads)
     out: dict[tuple[int, str], ProcessGroup] = {}
     fits: dict[tuple[int, str], list[ProcessGroup]] = {}
+    options: dict[int, list[dict[tuple[int, str], ProcessGroup]]] = {}
+    paid: dict[int, list[float]] = {}
     scatter = {}
     for (rank, tid), ops in threads.items():
         peers = {m for g in groups.get(rank, ()) for m in _judges(g, rank, ends_by_rank)}
@@ -234,17 +247,27 @@ def assign_threads(threads: Mapping[tuple[int, str], ThreadOps],
                                 if (s := _scatter(ops, ends_by_rank[m])) is not None}
     closest = [min(s for s, _cap in v.values()) for v in scatter.values() if v]
     floor = float(np.median(closest)) if closest else 0.0
+    cost: dict[tuple[int, str], dict[ProcessGroup, float]] = {}
     for rank in sorted({k[0] for k in threads}):
         keys = sorted((k for k in threads if k[0] == rank), key=lambda k: _tid_order(k[1]))
         costs = [_costs(threads[k], groups.get(rank, ()), scatter[k], floor) for k in keys]
         for k, c in zip(keys, costs, strict=True):
+            cost[k] = c
             fits[k] = sorted(c, key=lambda g: c[g])
             if fits[k]:
                 out[k] = fits[k][0]
-        blocks = _in_creation_order([k[1] for k in keys], costs, groups.get(rank, ()))
+        placements = _placements(len(keys), costs, groups.get(rank, ()))
+        blocks = _in_creation_order(placements)
         if blocks is not None:
             out.update(zip(keys, blocks, strict=True))
-    return _repaired(out, fits, threads)
+        options[rank] = [dict(zip(keys, p.groups, strict=True)) for p in placements]
+        paid[rank] = [p.paid for p in placements]
+    timed = _repaired(out, fits, threads)
+    for rank, opts in options.items():  # the timed assignment first: it stays unless beaten
+        mine = {k: g for k, g in timed.items() if k[0] == rank}
+        opts.insert(0, mine)
+        paid[rank].insert(0, sum(cost[k].get(g, _UNSEEN) for k, g in mine.items()))
+    return _counted(options, paid, _PerStep.of(threads), groups)
 
 
 def _ends_by_rank(threads: Mapping[tuple[int, str], ThreadOps]
@@ -304,13 +327,8 @@ def _repaired(out: dict[tuple[int, str], ProcessGroup],
     """
     if not threads:
         return out
-    steps = np.unique(np.concatenate([t.step for t in threads.values()]))
-    per: dict[tuple[int, str], np.ndarray] = {
-        k: np.bincount(np.searchsorted(steps, t.step), minlength=steps.size)
-        for k, t in threads.items()}
-    traced: dict[int, np.ndarray] = {}
-    for (rank, _tid), v in per.items():
-        traced[rank] = traced.get(rank, np.zeros(steps.size, dtype=bool)) | (v > 0)
+    counts = _PerStep.of(threads)
+    per, traced = counts.per, counts.traced
     for _ in range(len(out)):
         moved = False
         serving: dict[tuple[int, ProcessGroup], list[tuple[int, str]]] = {}
@@ -336,6 +354,139 @@ def _repaired(out: dict[tuple[int, str], ProcessGroup],
         if not moved:
             break
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class _PerStep:
+    """How many collectives each thread ran in each profiler step, and the steps each rank
+    traced at all: a group's members must count alike only in steps they all traced."""
+
+    per: dict[tuple[int, str], np.ndarray]
+    traced: dict[int, np.ndarray]
+
+    @staticmethod
+    def of(threads: Mapping[tuple[int, str], ThreadOps]) -> _PerStep:
+        steps = np.unique(np.concatenate([t.step for t in threads.values()])) if threads \
+            else np.zeros(0, dtype=np.int64)
+        per = {k: np.bincount(np.searchsorted(steps, t.step), minlength=steps.size)
+               for k, t in threads.items()}
+        traced: dict[int, np.ndarray] = {}
+        for (rank, _tid), v in per.items():
+            traced[rank] = traced.get(rank, np.zeros(steps.size, dtype=bool)) | (v > 0)
+        return _PerStep(per, traced)
+
+    def masks(self, groups: Mapping[int, tuple[ProcessGroup, ...]]
+              ) -> dict[ProcessGroup, tuple[list[int], np.ndarray]]:
+        """Each group whose traced members can be compared: those members, and the steps
+        they all traced (at least `_MIN_MATCHED`)."""
+        out = {}
+        for g in {g for gs in groups.values() for g in gs}:
+            ranks = [r for r in g.ranks if r in self.traced]
+            if len(ranks) < 2:
+                continue
+            mask = np.logical_and.reduce([self.traced[r] for r in ranks])
+            if mask.sum() >= _MIN_MATCHED:
+                out[g] = (ranks, mask)
+        return out
+
+
+def _counted(options: Mapping[int, list[dict[tuple[int, str], ProcessGroup]]],
+             paid: Mapping[int, list[float]], counts: _PerStep,
+             groups: Mapping[int, tuple[ProcessGroup, ...]]
+             ) -> dict[tuple[int, str], ProcessGroup]:
+    """Each rank's assignment among its `options` (the timed one first, then its
+    creation-order placements, with their timing costs in `paid`) such that every group's
+    traced members run as many of its ops in each step, where they can.
+
+    Why: on a loaded host the scheduler moves a collective's end by milliseconds, more than
+    one group's copies scatter from another's; with few ops a thread's best fit is then
+    another group, or a whole block of threads is the next group's (a TP pair's all-reduces
+    placed on the DP pair, the DP's on a pipeline pair that runs none). Counts do not jitter.
+    A rank moves off its timed assignment only when that makes fewer members disagree, to
+    the cheapest such placement, rank by rank until nothing moves.
+    """
+    checked = counts.masks(groups)
+
+    def tally(assign: Mapping[tuple[int, str], ProcessGroup], g: ProcessGroup
+              ) -> tuple[int, ...]:
+        mask = checked[g][1]
+        got = np.zeros(int(mask.sum()), dtype=np.int64)
+        for k, h in assign.items():
+            if h == g:
+                got += counts.per[k][mask]
+        return tuple(got.tolist())
+
+    mine = {r: [g for g in groups.get(r, ()) if g in checked] for r in options}
+    made: dict[tuple[int, int], dict[ProcessGroup, tuple[int, ...]]] = {}
+
+    def tallies(r: int, i: int) -> dict[ProcessGroup, tuple[int, ...]]:
+        """Option `i` of rank `r`: its count of each checked group, step by step (made
+        when first asked: most ranks never look past their timed assignment)."""
+        if (r, i) not in made:
+            made[(r, i)] = {g: tally(options[r][i], g) for g in mine[r]}
+        return made[(r, i)]
+
+    def settled(choice: dict[int, int]) -> tuple[int, dict[int, int]]:
+        """Rank by rank, the option that makes the fewest members disagree, from `choice`
+        on until nothing moves; the members that still disagree, and the choice."""
+        seen: dict[ProcessGroup, Counter[tuple[int, ...]]] = {g: Counter() for g in checked}
+        for r, gs in mine.items():
+            for g in gs:
+                seen[g][tallies(r, choice[r])[g]] += 1
+
+        def disagreeing(r: int, i: int) -> int:
+            bad = 0
+            for g in mine[r]:
+                seen[g][tallies(r, i)[g]] += 1
+                bad += len(checked[g][0]) - max(seen[g].values())
+                seen[g][tallies(r, i)[g]] -= 1
+            return bad
+
+        for _ in range(len(options)):
+            moved = False
+            for r, opts in options.items():
+                if len(opts) < 2 or not mine[r]:
+                    continue
+                for g in mine[r]:
+                    seen[g][tallies(r, choice[r])[g]] -= 1
+                best = choice[r]
+                if disagreeing(r, best):
+                    best = min(range(len(opts)), key=lambda i: (disagreeing(r, i),
+                                                                i != choice[r], paid[r][i]))
+                for g in mine[r]:
+                    seen[g][tallies(r, best)[g]] += 1
+                moved |= best != choice[r]
+                choice[r] = best
+            if not moved:
+                break
+        return sum(len(checked[g][0]) - max(c.values()) for g, c in seen.items()), choice
+
+    # from the timed assignment, and from every rank's cheapest placement: when timing
+    # misled every rank alike (a world group's threads all given pairs), no one rank's
+    # move mends a count, and only the other start finds the agreeing assignment
+    cheapest = {r: 1 + int(np.argmin(p[1:])) if len(p) > 1 else 0 for r, p in paid.items()}
+    timed = settled(dict.fromkeys(options, 0))
+    if timed[0]:
+        other = settled(cheapest)
+        timed = min(timed, other, key=lambda t: (t[0], sum(paid[r][i] for r, i in t[1].items())))
+    choice = timed[1]
+    return _earliest_alike({k: g for r, opts in options.items()
+                            for k, g in opts[choice[r]].items()}, groups)
+
+
+def _earliest_alike(out: dict[tuple[int, str], ProcessGroup],
+                    groups: Mapping[int, tuple[ProcessGroup, ...]]
+                    ) -> dict[tuple[int, str], ProcessGroup]:
+    """A group some threads serve becomes the earliest-created group with the same members
+    when no thread serves that one: no timing and no count tells two such groups apart
+    (a DP pair and a pipeline pair on the same ranks), and every member must name the
+    same one (`_order`)."""
+    used = set(out.values())
+    alike: dict[tuple[int, ...], ProcessGroup] = {}
+    for g in sorted({g for gs in groups.values() for g in gs}, key=lambda g: -_order(g)):
+        alike.setdefault(g.ranks, g)
+    return {k: alike[g.ranks] if alike[g.ranks] not in used or alike[g.ranks] == g else g
+            for k, g in out.items()}
 
 
 def _move(out: dict[tuple[int, str], ProcessGroup],

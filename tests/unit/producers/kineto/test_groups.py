@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
 from producers.kineto.groups import (
     ProcessGroup,
     ThreadOps,
+    _earliest_alike,
     _repaired,
     assign_threads,
     process_groups,
@@ -88,3 +92,34 @@ def test_a_thread_put_in_the_wrong_group_is_moved_by_the_counts():
     half = {k: g for k, g in right.items() if k[0] in (0, 1)}
     half[(1, "100")] = half[(1, "101")] = TP[0]
     assert _repaired(dict(half), fits, {k: t for k, t in threads.items() if k[0] < 2}) == half
+
+
+def test_a_loaded_hosts_gloo_threads_are_read_by_their_counts():
+    """Recorded from torch.profiler on 4 gloo ranks sharing 2 loaded cores (world, TP pairs,
+    DP pairs, and pipeline pairs that run only sends): the scheduler held some collectives'
+    ends by milliseconds, so with 3 ops a thread no world thread fit the world by timing and
+    the creation order cost too much to keep. The pairs' counts then disagree, and the
+    placement in creation order whose counts all agree is the job's: per rank, by thread
+    id, the world's two threads, the TP pair's, the DP pair's."""
+    data = json.loads((Path(__file__).parents[3] / "data" / "kineto"
+                       / "gloo-loaded-host-threads.json").read_text())
+    groups = {int(r): tuple(ProcessGroup(n, d, tuple(rs)) for n, d, rs in gs)
+              for r, gs in data["groups"].items()}
+    threads = {(t["rank"], t["tid"]): ThreadOps.of(t["names"], t["end_ns"], t["dur_ns"],
+                                                   t["step"]) for t in data["threads"]}
+    found = assign_threads(threads, groups)
+    for r in range(4):
+        tids = sorted((k for k in threads if k[0] == r), key=lambda k: int(k[1]))
+        assert [found[k].name for k in tids] == \
+            ["0", "0", TP[r // 2].name, TP[r // 2].name, DP[r % 2].name, DP[r % 2].name]
+
+
+def test_of_two_groups_on_the_same_ranks_the_earlier_is_named():
+    """A DP pair and a pipeline pair on ranks 0 and 2: nothing tells their collectives
+    apart, so every member names the one made first, unless threads serve both."""
+    pp = ProcessGroup("5", "undefined", (0, 2))
+    groups = {0: (WORLD, TP[0], DP[0], pp), 2: (WORLD, TP[1], DP[0], pp)}
+    out = {(0, "a"): pp, (2, "b"): pp, (0, "c"): TP[0]}
+    assert _earliest_alike(out, groups) == {(0, "a"): DP[0], (2, "b"): DP[0], (0, "c"): TP[0]}
+    both = {(0, "a"): pp, (2, "b"): DP[0]}
+    assert _earliest_alike(both, groups) == both
