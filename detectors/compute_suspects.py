@@ -28,9 +28,13 @@ A 4-rank step, two ranks per node, where rank 2 computes 40 ms instead of 10 ms:
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
+from detectors.base import Stateful
 from detectors.candidates import Z_REPORT, Candidates
+from detectors.evidence import WINDOW
 from detectors.features import StepFeatures
 from detectors.noise import NoiseMemory
 from detectors.peers import replica_keys
@@ -43,6 +47,7 @@ from schemas.frame import StepFrame
 # kept by every `flare eval` run since (ACCURACY.md).
 _GPU_SIGMA_FLOOR = 0.004
 _NODE_SIGMA_FLOOR = 0.006
+_MIN_GAPS = 5  # remembered steps before the stages' usual gap is a reference
 
 
 def _basis(feats: StepFeatures) -> np.ndarray:
@@ -68,9 +73,10 @@ def compute_ratio(
 
 def compute_suspects(
     frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, noise: NoiseMemory, out: Candidates,
-    stages: tuple[np.ndarray, int] | None = None,
+    stages: tuple[np.ndarray, int] | None = None, gap: StageGap | None = None,
 ) -> None:
-    """Add the step's `gpu` (rank) and `node` suspects to `out`."""
+    """Add the step's `gpu` (rank) and `node` suspects to `out`; `gap`, the job's memory of
+    its two stages' usual gap, learns this step's."""
     basis = _basis(feats)
     with np.errstate(divide="ignore", invalid="ignore"):
         x = np.log(ratio)
@@ -81,7 +87,7 @@ def compute_suspects(
     per_node = counts[frame.node]
     # a rank with neither a replica nor a node to compare with is measured against its stage,
     # less the part its data replica shows in every stage (sequence lengths), as the node is
-    data = _data_share(frame, x)
+    data, node_data, gap_now = _data_share(frame, x, basis, gap)
     g = np.where(per_node >= 3, x - node_x[frame.node], x - data)
     reference = np.where(per_node >= 3, 1, 2)  # what each residual is measured from
     rep = replica_keys(frame)
@@ -114,12 +120,14 @@ def compute_suspects(
             f"compute ×{np.exp(x[i]):.2f} vs stage peers",
         )
     multi = counts >= 2
+    stood_out = False
     if multi.sum() >= 3:
         # a node is slow when most of its ranks are: one slow GPU of two is that GPU
-        node_x = np.nan_to_num(grouped_majority(x - data, frame.node, n_nodes))
+        node_x = np.nan_to_num(grouped_majority(x - node_data, frame.node, n_nodes))
         sn = noise.sigma("node", node_x[multi], _NODE_SIGMA_FLOOR)
         zn = np.where(multi, node_x / sn, 0.0)
         node_basis = grouped_median(basis, frame.node, n_nodes)
+        stood_out = bool((zn >= Z_REPORT).any())
         for n in np.flatnonzero(zn >= Z_REPORT):
             out.add(
                 f"node:{frame.nodes[n]}",
@@ -129,6 +137,8 @@ def compute_suspects(
                 f"compute ×{np.exp(node_x[n]):.2f} vs stage peers on "
                 f"{'all' if counts[n] <= 2 else 'most'} of its {counts[n]} ranks",
             )
+    if gap is not None:
+        gap.add(gap_now, stood_out)
 
 
 def _pair_partners(frame: StepFrame, stages: tuple[np.ndarray, int] | None) -> np.ndarray:
@@ -149,17 +159,90 @@ def _pair_partners(frame: StepFrame, stages: tuple[np.ndarray, int] | None) -> n
     return partner
 
 
-def _data_share(frame: StepFrame, x: np.ndarray) -> np.ndarray:
-    """(R,) the part of each rank's log compute ratio its data replica explains.
+def _data_share(frame: StepFrame, x: np.ndarray, basis: np.ndarray,
+                gap: StageGap | None) -> tuple[np.ndarray, np.ndarray, float]:
+    """(R,) the part of each rank's log compute ratio its data replica explains, for the
+    rank itself and for its node's majority; and, in a job of two stages, the step's log
+    compute gap between them (NaN otherwise).
 
     Sequence lengths differ between data-parallel replicas (and some replicas stay heavier):
     every pipeline stage of a replica then computes longer by the same factor, while a slow
-    node slows only its own stage. The median over a replica's ranks in all stages is that
-    data factor; with fewer than three stages a slow node would be too much of that median,
-    so nothing is removed.
+    node slows only its own stage. With three stages or more, the median over a replica's
+    ranks in all stages is that data factor. With two, a slow node would be half of that
+    median: each rank is compared with its replica's ranks in the other stage instead, less
+    the two stages' usual gap (`StageGap`). Not this step's gap: when a slow node holds half
+    of a stage's replicas, the median gap is half its slowness, and half would show as a
+    healthy node's of the other stage. That is for nodes only: a rank judged alone (one
+    traced per tensor-parallel group) is a slow node's as much as its GPU's, and its node
+    mates would each read as a slow GPU; the node view, or the node's own past, names the
+    node. Nothing is removed with one stage (nothing tells data from node), or when a node
+    holds ranks of both stages (its slowness would cancel).
     """
     pp, dp = frame.coord("pp"), frame.coord("dp")
-    if frame.n_ranks == 0 or (pp < 0).any() or (dp < 0).any() or np.unique(pp).size < 3:
-        return np.zeros_like(x)
+    none = np.zeros_like(x)
+    if frame.n_ranks == 0 or (pp < 0).any() or (dp < 0).any():
+        return none, none, np.nan
+    stages, stage = np.unique(pp, return_inverse=True)
     uniq, inv = np.unique(dp, return_inverse=True)
-    return grouped_median(x, inv.astype(np.int64), int(uniq.size))[inv]
+    inv = inv.astype(np.int64)
+    if stages.size >= 3:
+        data = grouped_median(x, inv, int(uniq.size))[inv]
+        return data, data, np.nan
+    if stages.size < 2 or _spans_both(frame.node, stage, len(frame.nodes)):
+        return none, none, np.nan
+    with np.errstate(divide="ignore"):
+        y = np.where(basis > 0, np.log(np.maximum(basis, 1e-12)), np.nan)
+    cells = grouped_median(y, inv * 2 + stage, 2 * int(uniq.size)).reshape(-1, 2)
+    if np.isnan(cells[inv, 1 - stage]).any():
+        # a replica with no traced rank in the other stage (a node's agent down): its
+        # ranks would keep the data's noise while the paired ones lose it, and judged
+        # by the paired ones' spread, that noise reads as a slow node
+        return none, none, np.nan
+    diff = cells[:, 0] - cells[:, 1]
+    now = float(np.median(diff[np.isfinite(diff)])) if np.isfinite(diff).any() else np.nan
+    usual = gap.usual() if gap is not None else np.nan
+    c = usual if np.isfinite(usual) else now
+    resid = y - cells[inv, 1 - stage] - np.where(stage == 0, c, -c)
+    return none, np.where(np.isfinite(resid), x - resid, 0.0), now
+
+
+def _spans_both(node: np.ndarray, stage: np.ndarray, n_nodes: int) -> bool:
+    """Whether some node holds ranks of both of two stages (`stage` 0 or 1)."""
+    seen = np.zeros((n_nodes, 2), dtype=bool)
+    seen[node, stage] = True
+    return bool(seen.all(axis=1).any())
+
+
+class StageGap(Stateful):
+    """The usual log compute gap between the two stages of a two-stage job (stage 0 less
+    stage 1, per data replica, the median): the stages' work by design, which the data and a
+    job-wide change move alike in both. The median of the last `depth` steps in which no node
+    stood out, each remembered `delay` steps late and not at all while a node or host
+    incident is open (`drop_recent`), as `NodeHistory` keeps its past.
+
+    >>> gap = StageGap(delay=1)
+    >>> for g in (0.40, 0.41, 0.39, 0.40, 0.42, 0.40, 0.90):
+    ...     gap.add(g, stood_out=False)
+    >>> round(gap.usual(), 2)  # the last step is not remembered yet
+    0.4
+    """
+
+    def __init__(self, depth: int = 20, delay: int = WINDOW) -> None:
+        self.delay = delay
+        self._past: deque[float] = deque(maxlen=depth)
+        self._recent: deque[float] = deque()
+
+    def usual(self) -> float:
+        """The remembered steps' median gap; NaN with fewer than `_MIN_GAPS`."""
+        return float(np.median(self._past)) if len(self._past) >= _MIN_GAPS else np.nan
+
+    def add(self, gap: float, stood_out: bool) -> None:
+        """This step's gap, unless a node stood out in it (it may be the node's)."""
+        if np.isfinite(gap) and not stood_out:
+            self._recent.append(gap)
+        while len(self._recent) > self.delay:
+            self._past.append(self._recent.popleft())
+
+    def drop_recent(self) -> None:
+        """Forget the steps not yet remembered (they may be an open incident's)."""
+        self._recent.clear()

@@ -36,7 +36,7 @@ from detectors.assembly import StepAssembler
 from detectors.base import Stateful
 from detectors.budget import StepBudget
 from detectors.candidates import Z_REPORT, Candidates
-from detectors.compute_suspects import compute_ratio
+from detectors.compute_suspects import StageGap, compute_ratio
 from detectors.config import DetectorConfig
 from detectors.evidence import LONG_WINDOW, EvidenceTracker, Track
 from detectors.explain import summarize
@@ -105,6 +105,7 @@ class JobDiagnoser(Stateful):
         self._job_before_s = 0.0  # the step time a job-wide shift left
         self.transfers = TransferHistory()  # each transfer's own past (jobs of few instances)
         self.nodes = NodeHistory()  # each node's own past (nodes alone in their stage)
+        self.stage_gap = StageGap()  # a two-stage job's usual compute gap between its stages
         self.usual = UsualStep()  # the healthy step, for a counterfactual's transfers and starts
         # this step's excess of suspects on entities that report nothing (`_untraced_excess`)
         self._seen_excess: dict[tuple[str, str], float] = {}
@@ -314,13 +315,16 @@ class JobDiagnoser(Stateful):
             self.usual.update_starts(frame)
         burst = burst_of(step_time, irr.baseline_s, irr.z) if self.steps_seen > WARMUP else None
         cands = step_suspects(
-            frame, feats, ratio, self.topology, ref, self.noise, stages, self.waits, own, burst
+            frame, feats, ratio, self.topology, ref, self.noise, stages, self.waits, own, burst,
+            self.stage_gap,
         )
         self._seen_excess = _untraced_excess(frame, feats, cands, self.topology.group_size)
         healthy_nodes = not any(k[0] in ("node", "host") for k in self.book.open)
         pace = self.nodes.observe(frame, feats, stages, cands, learn=healthy_nodes)
         if not healthy_nodes:
             self.nodes.drop_recent()
+        if self.book.open:  # any fault may move one stage's compute (a NIC's retries)
+            self.stage_gap.drop_recent()
         keep = {(culprit, kind) for kind, culprit in self.book.open}  # tracker keys
         # The job's first steps are its warm-up (allocators, caches, the first batches), and
         # the noise memory holds no spread yet: their suspects are reported, never evidence.

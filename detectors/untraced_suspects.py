@@ -288,8 +288,16 @@ def _group_suspects(
     upstream = _downstream(frame, stages, noise)[g_rank]
     z = np.where(upstream, 0.0, z)
     z = _where_it_starts(z, local & ~enough)
-    z_stall = _stall_z(feats, g_wait, ref, z_peer, z_total, noise)
+    # a group with too few stage peers (a small job: two nodes a stage) measures a stall's
+    # excess against its own usual total, and its own history stands for the peers' verdict
+    lone = ~enough & np.isfinite(all_own[sel])
+    ref = np.where(lone, g_wait * np.exp(-np.where(lone, all_own[sel], 0.0)), ref)
+    z_stall = _stall_z(feats, g_wait, ref, np.where(lone, z_total, z_peer), z_total, noise)
     z_stall = np.where(local & ~upstream & (z < Z_REPORT), z_stall, 0.0)
+    if (z[lone] >= Z_REPORT).any():
+        # a slow GPU judged alone holds its data-parallel peers' groups once per step,
+        # which is what a stall looks like: it explains them
+        z_stall = np.where(lone, 0.0, z_stall)
     z_stall = _stall_origins(frame, [all_names[i] for i in sel], g_rank, z_stall, history, out)
     # a change its own history calls significant is not learnt as usual, whatever the peers;
     # nor is a stall's long total (its typical instance stays usual, and is learnt)
@@ -308,7 +316,8 @@ def _group_suspects(
             z_stall[i],
             g_wait[i] - ref[i],
             f"{frame.groups[int(g_id[i])]} waits +{(g_wait[i] - ref[i]) * 1e3:.0f} ms per step "
-            f"over its stage peers (its traced rank {int(frame.rank[g_rank[i]])} included) "
+            f"over {'its usual wait' if lone[i] else 'its stage peers'} (its traced rank "
+            f"{int(frame.rank[g_rank[i]])} included) "
             f"while its typical collective does not: one of its {int(untraced[i])} untraced "
             "member(s) stalls once per step (a GC pause, a late data loader; its host or one "
             "long kernel, which the data cannot tell apart)",

@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 
 from detectors.candidates import Candidates
-from detectors.compute_suspects import compute_ratio, compute_suspects
+from detectors.compute_suspects import StageGap, compute_ratio, compute_suspects
 from detectors.features import step_features
 from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
@@ -98,3 +98,55 @@ def test_expert_kernels_loaded_by_routing_are_workload_not_a_slow_gpu():
     assert _gpu_suspects(usual + [_moe_frame(6, {5: 12.0}, {})]) == []
     # a slow GPU slows its dense kernels too, and is named
     assert _gpu_suspects(usual + [_moe_frame(6, {5: 6.0}, {5: 15.0})]) == ["rank:5"]
+
+
+def _two_stages(steps: int, slow_from: int | None, seed: int = 0):
+    """2 stages × 4 data replicas × tp 4, two replicas' TP groups per node (8 GPUs), stage 1
+    computing 1.3× by design; every step each replica draws its sequence lengths anew
+    (σ = 0.2, the same through both stages), one replica carries 20% more throughout, 1%
+    jitter per rank. From `slow_from` on, node n0-0 (stage 0, replicas 0 and 1) is ×1.3."""
+    rng = np.random.default_rng(seed)
+    for s in range(steps):
+        data = np.exp(rng.normal(-0.02, 0.2, 4)) * np.array([1.0, 1.0, 1.2, 1.0])
+        msgs = []
+        for pp in range(2):
+            for dp in range(4):
+                for tp in range(4):
+                    r = pp * 16 + dp * 4 + tp
+                    c = 10.0 * (1.3 if pp else 1.0) * data[dp] * (1 + 0.01 * rng.standard_normal())
+                    if slow_from is not None and s >= slow_from and pp == 0 and dp < 2:
+                        c *= 1.3
+                    msgs.append(rank_step(r, f"n{pp}-{dp // 2}", s, [
+                        ("compute", "fwd", "", 0, 0.0, c, 0),
+                        ("coll", "all_reduce", f"tp.{pp}-{dp}", s, c, 1.0, 1 << 20)],
+                        coords={"tp": tp, "pp": pp, "dp": dp}))
+        yield frame_of(msgs)
+
+
+def _node_hits(frames, gap: StageGap) -> list[set[str]]:
+    noise, hits = NoiseMemory(), []
+    for frame in frames:
+        feats = step_features(frame)
+        out = Candidates()
+        compute_suspects(frame, feats, compute_ratio(frame, feats, stage_keys(frame)),
+                         noise, out, stage_keys(frame), gap)
+        hits.append({e for e, k in zip(out.entity, out.kind, strict=True) if k == "node"})
+    return hits
+
+
+def test_a_slow_node_of_a_two_stage_job_is_told_from_sequence_lengths():
+    """Two stages: each node is half of its stage, so its stage's median is half slowed, and
+    sequence lengths move the replicas ±20% step by step. Each rank is compared with its
+    replica's ranks in the other stage (the same samples) less the stages' usual gap: the
+    slow node stands out, and no node of the other stage takes half of it."""
+    hits = _node_hits(_two_stages(31, slow_from=25), StageGap())
+    assert all("node:n0-0" in h for h in hits[25:])  # what the evidence tracker confirms
+    assert all(h <= {"node:n0-0"} for h in hits)
+    assert not any(hits[5:25])  # the replicas' sequence lengths alone: nothing
+
+
+def test_without_their_usual_gap_a_two_stage_jobs_healthy_node_takes_half_the_blame():
+    """The reason for the memory: judged by the step's own gap, which the slow node moved by
+    half its slowness, the healthy node paired with it in the other stage reads as slow."""
+    hits = _node_hits(_two_stages(11, slow_from=5), StageGap(delay=10**6))
+    assert sum("node:n1-1" in h for h in hits[5:]) >= 4

@@ -230,14 +230,15 @@ def test_a_node_blamed_whole_or_a_slow_network_is_the_explanation_instead():
     assert list(zip(out.entity, out.kind, strict=True)) == [("node:n2", "host")]
 
 
-def _stall_frame(step: int, stalls: dict[tuple[int, int], float]):
-    """Two pipeline stages × four data replicas, a tp group of 4 per (stage, replica) on a
-    node of its own, only tp rank 0 traced. Each traced rank computes 10 ms and all-reduces
-    on its tp group four times a step; `stalls` maps (pp, dp) to a wait of that many ms at
-    one of the four all-reduces (which one moves with the step), the others wait 1 ms."""
+def _stall_frame(step: int, stalls: dict[tuple[int, int], float], replicas: int = 4):
+    """Two pipeline stages × four data replicas (or `replicas`), a tp group of 4 per (stage,
+    replica) on a node of its own, only tp rank 0 traced. Each traced rank computes 10 ms
+    and all-reduces on its tp group four times a step; `stalls` maps (pp, dp) to a wait of
+    that many ms at one of the four all-reduces (which one moves with the step), the others
+    wait 1 ms."""
     msgs = []
     for pp in range(2):
-        for dp in range(4):
+        for dp in range(replicas):
             rank, t, ops = pp * 16 + dp * 4, 0.0, []
             stalled = (step + dp) % 4
             for k in range(4):
@@ -250,10 +251,10 @@ def _stall_frame(step: int, stalls: dict[tuple[int, int], float]):
     return frame_of(msgs)
 
 
-def _stall_suspects(stalls_of_step, steps: int = 14):
-    topo = Topology(group_size={"tp": 4}, world=32)
-    frames = [_stall_frame(s, {}) for s in range(6)]
-    frames += [_stall_frame(s, stalls_of_step(s)) for s in range(6, 6 + steps)]
+def _stall_suspects(stalls_of_step, steps: int = 14, replicas: int = 4):
+    topo = Topology(group_size={"tp": 4}, world=8 * replicas)
+    frames = [_stall_frame(s, {}, replicas) for s in range(6)]
+    frames += [_stall_frame(s, stalls_of_step(s), replicas) for s in range(6, 6 + steps)]
     return _judge(frames, topo)
 
 
@@ -267,6 +268,14 @@ def test_a_wait_that_triples_but_costs_a_sliver_of_the_step_is_no_stall():
     # 1.3 ms instead of 1 in a 44 ms step: unusual for the group (×1.3 on its own spread of
     # nothing), but under 1% of a step, inside a process's ordinary jitter
     assert _stall_suspects(lambda s: {(1, 2): 1.3}) == []
+
+
+def test_in_a_job_too_small_for_stage_peers_a_stall_is_measured_against_its_usual_wait():
+    """Two replicas, so two groups a stage: too few to compare with (`_MIN_PEERS`). A stall
+    raises its group's total over its own usual total, its typical all-reduce stays (a
+    16-GPU job with one rank per TP group traced read a stalled rank as a job-wide shift)."""
+    assert _stall_suspects(lambda s: {(1, 1): 12.0}, replicas=2) == [("node:n11", "host")]
+    assert _stall_suspects(lambda s: {(1, 1): 1.3}, replicas=2) == []
 
 
 def test_a_stall_passed_down_the_pipeline_is_named_where_it_happens():
