@@ -38,7 +38,7 @@ from detectors.budget import StepBudget
 from detectors.candidates import Z_REPORT, Candidates
 from detectors.compute_suspects import StageGap, compute_ratio
 from detectors.config import DetectorConfig
-from detectors.evidence import LONG_WINDOW, EvidenceTracker, Track
+from detectors.evidence import EXTREME, LONG_WINDOW, Z_ON, EvidenceTracker, Track
 from detectors.explain import summarize
 from detectors.features import StepFeatures, step_features
 from detectors.hang import EXIT_GRACE, FIRST_STALL_TIMEOUTS, HangDetector, HangFinding
@@ -319,6 +319,12 @@ class JobDiagnoser(Stateful):
             self.stage_gap,
         )
         self._seen_excess = _untraced_excess(frame, feats, cands, self.topology.group_size)
+        if any(k in NETWORK_KINDS and z >= EXTREME * Z_ON
+               for k, z in zip(cands.kind, cands.z, strict=True)):
+            # a network entity far beyond any jitter (a flapping NIC's burst, before the
+            # bursts confirm it): its steps are not the transfers' usual, or the bursts
+            # would become it and fade one by one
+            self.transfers.drop_recent()
         healthy_nodes = not any(k[0] in ("node", "host") for k in self.book.open)
         pace = self.nodes.observe(frame, feats, stages, cands, learn=healthy_nodes)
         if not healthy_nodes:

@@ -25,12 +25,15 @@ step (`MATERIAL_SHARE`; noise that reaches z_on costs a few percent), or a tenth
 significance (a NIC at half speed is far beyond any jitter, and costs little per step). Two
 steps that each at least doubled the step also confirm: a NIC that flaps for seconds stalls
 the steps it touches many times over, but touches one in five or ten. So do several steps
-at `EXTREME` × z_on that each cost a tenth of a step: the suspect's own excess over its
-peers, which in a large job is far more than the job loses (at 1,024 GPUs a NIC at half
-speed one step in six adds 0.3 s to its transfers and 3% to that step; the rule above
-would need seven such steps in 25). Noise reaches z_on; a significance four times as high
-on the same entity, again and again, is no jitter (no suspect of the simulator's clean
-runs reaches it once). One costly step alone never does (a GC pause, a slow batch). The
+at `EXTREME` × z_on that each cost a fortieth of a step (`TRACE_SHARE`): the suspect's own
+excess over its peers, which in a large job is far more than the job loses (at 1,024 GPUs
+a NIC at half speed one step in six adds 0.3 s to its transfers and 3% to that step; the
+rule above would need seven such steps in 25), and in a job of two nodes all it loses (the
+link between them at half speed costs 6% of the steps it bites). Noise reaches z_on; a
+significance four times as high on the same entity, again and again, is no jitter (no
+suspect of the simulator's clean runs reaches it once); a fortieth of a step is the floor
+that keeps a trifle from paging. One costly step alone never does (a GC pause, a slow
+batch). The
 tests hold the rule to 2,000 steps of ×1.4-per-σ jitter on four ranks; the simulator's
 clean runs hold it to no false incident.
 
@@ -42,6 +45,13 @@ clean runs hold it to no false incident.
 >>> t = EvidenceTracker()  # as significant, but each costs little: noise, never confirmed
 >>> any(hit(s, 0.05) if s % 4 == 0 else quiet(s) for s in range(40))
 False
+>>> t = EvidenceTracker()  # two steps in five, 6% of a step each, at z 9: never
+>>> any(hit(s, 0.06) if s % 5 < 2 else quiet(s) for s in range(30))
+False
+>>> t = EvidenceTracker()  # the same at z 20, far beyond any noise: the fourth confirms
+>>> far = lambda s, ex: t.update(s, ["node:a"], ["link"], [20.0], [ex], ["slow"], step_s=1.0)
+>>> [s for s in range(30) if (far(s, 0.06) if s % 5 < 2 else quiet(s))][:1]
+[6]
 >>> t = EvidenceTracker()  # each stalls the job for 3 steps, once in 8: the second confirms
 >>> [s for s in range(20) if (hit(s, 3.0) if s % 8 == 0 else quiet(s))]
 [8, 16]
@@ -63,6 +73,7 @@ MATERIAL_SHARE = 0.25  # each at least this share of a step at z_on ...
 MINOR_SHARE = 0.1  # ... or this share at STRONG × z_on; or two steps that doubled the step
 STRONG = 2.0
 EXTREME = 4.0  # LONG_MIN_HITS costly steps at this × z_on confirm whatever they cost together
+TRACE_SHARE = 0.025  # ... and cost at this × z_on counts from this share of a step
 
 
 @dataclass(slots=True)
@@ -137,7 +148,9 @@ class EvidenceTracker(Stateful):
             tr.detail = de
             if zz >= self.z_on:
                 tr.quiet = 0
-                if ex >= (MATERIAL_SHARE if zz < STRONG * self.z_on else MINOR_SHARE) * step_s:
+                floor = (MATERIAL_SHARE if zz < STRONG * self.z_on else
+                         MINOR_SHARE if zz < EXTREME * self.z_on else TRACE_SHARE)
+                if ex >= floor * step_s:
                     costly = self.costly.setdefault(key, deque(maxlen=LONG_WINDOW))
                     costly.append((step, ex / step_s, zz))
                     recent = [(c, v / self.z_on) for s, c, v in costly if step - s < LONG_WINDOW]
