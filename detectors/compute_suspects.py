@@ -217,8 +217,9 @@ class StageGap(Stateful):
     """The usual log compute gap between the two stages of a two-stage job (stage 0 less
     stage 1, per data replica, the median): the stages' work by design, which the data and a
     job-wide change move alike in both. The median of the last `depth` steps in which no node
-    stood out, each remembered `delay` steps late and not at all while a node or host
-    incident is open (`drop_recent`), as `NodeHistory` keeps its past.
+    stood out, each remembered `delay` steps late and not at all while any incident is open
+    (`drop_recent`: a NIC's retries can move one stage's compute), as `NodeHistory` keeps
+    its past.
 
     >>> gap = StageGap(delay=1)
     >>> for g in (0.40, 0.41, 0.39, 0.40, 0.42, 0.40, 0.90):
