@@ -33,9 +33,8 @@ link between them at half speed costs 6% of the steps it bites). Noise reaches z
 significance four times as high on the same entity, again and again, is no jitter (no
 suspect of the simulator's clean runs reaches it once); a fortieth of a step is the floor
 that keeps a trifle from paging. One costly step alone never does (a GC pause, a slow
-batch). The
-tests hold the rule to 2,000 steps of ×1.4-per-σ jitter on four ranks; the simulator's
-clean runs hold it to no false incident.
+batch). The tests hold the rule to 2,000 steps of ×1.4-per-σ jitter on four ranks; the
+simulator's clean runs hold it to no false incident.
 
 >>> t = EvidenceTracker()
 >>> hit = lambda s, ex: t.update(s, ["node:a"], ["link"], [9.0], [ex], ["slow"], step_s=1.0)
