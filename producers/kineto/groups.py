@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
@@ -262,12 +262,13 @@ def assign_threads(threads: Mapping[tuple[int, str], ThreadOps],
             out.update(zip(keys, blocks, strict=True))
         options[rank] = [dict(zip(keys, p.groups, strict=True)) for p in placements]
         paid[rank] = [p.paid for p in placements]
-    timed = _repaired(out, fits, threads)
+    counts = _PerStep.of(threads)
+    timed = _repaired(out, fits, threads, counts)
     for rank, opts in options.items():  # the timed assignment first: it stays unless beaten
         mine = {k: g for k, g in timed.items() if k[0] == rank}
         opts.insert(0, mine)
         paid[rank].insert(0, sum(cost[k].get(g, _UNSEEN) for k, g in mine.items()))
-    return _counted(options, paid, _PerStep.of(threads), groups)
+    return _counted(options, paid, counts, groups)
 
 
 def _ends_by_rank(threads: Mapping[tuple[int, str], ThreadOps]
@@ -314,10 +315,10 @@ def _order(g: ProcessGroup) -> int:
 
 def _repaired(out: dict[tuple[int, str], ProcessGroup],
               fits: Mapping[tuple[int, str], list[ProcessGroup]],
-              threads: Mapping[tuple[int, str], ThreadOps]) -> dict[tuple[int, str],
-                                                                   ProcessGroup]:
+              threads: Mapping[tuple[int, str], ThreadOps],
+              counts: _PerStep | None = None) -> dict[tuple[int, str], ProcessGroup]:
     """Move threads until every group's traced members run the same number of its ops in
-    each step they all traced.
+    each step they all traced (`counts`: the threads' `_PerStep`, made here when not given).
 
     A world all-reduce whose copies end within tens of µs also fits a pair of its members,
     and with a few such ops a thread can be given the pair. The pair's count then has one
@@ -327,19 +328,17 @@ def _repaired(out: dict[tuple[int, str], ProcessGroup],
     """
     if not threads:
         return out
-    counts = _PerStep.of(threads)
-    per, traced = counts.per, counts.traced
+    counts = counts or _PerStep.of(threads)
+    per = counts.per
+    checked = counts.masks({g for f in fits.values() for g in f})
     for _ in range(len(out)):
         moved = False
         serving: dict[tuple[int, ProcessGroup], list[tuple[int, str]]] = {}
         for k, h in out.items():
             serving.setdefault((k[0], h), []).append(k)
         # the larger groups first: more members agree on what each should count
-        for g in sorted({g for f in fits.values() for g in f}, key=lambda g: -len(g.ranks)):
-            ranks = [r for r in g.ranks if r in traced]
-            mask = np.logical_and.reduce([traced[r] for r in ranks])
-            if len(ranks) < 2 or mask.sum() < _MIN_MATCHED:
-                continue
+        for g in sorted(checked, key=lambda g: -len(g.ranks)):
+            ranks, mask = checked[g]
             count = {r: sum((per[k][mask] for k in serving.get((r, g), ())),
                             np.zeros(int(mask.sum()), dtype=np.int64)) for r in ranks}
             votes = Counter(tuple(v.tolist()) for v in count.values()).most_common(2)
@@ -375,12 +374,12 @@ class _PerStep:
             traced[rank] = traced.get(rank, np.zeros(steps.size, dtype=bool)) | (v > 0)
         return _PerStep(per, traced)
 
-    def masks(self, groups: Mapping[int, tuple[ProcessGroup, ...]]
+    def masks(self, groups: Iterable[ProcessGroup]
               ) -> dict[ProcessGroup, tuple[list[int], np.ndarray]]:
-        """Each group whose traced members can be compared: those members, and the steps
-        they all traced (at least `_MIN_MATCHED`)."""
+        """Of `groups`, each whose traced members can be compared: those members, and the
+        steps they all traced (at least `_MIN_MATCHED`)."""
         out = {}
-        for g in {g for gs in groups.values() for g in gs}:
+        for g in groups:
             ranks = [r for r in g.ranks if r in self.traced]
             if len(ranks) < 2:
                 continue
@@ -405,7 +404,7 @@ def _counted(options: Mapping[int, list[dict[tuple[int, str], ProcessGroup]]],
     A rank moves off its timed assignment only when that makes fewer members disagree, to
     the cheapest such placement, rank by rank until nothing moves.
     """
-    checked = counts.masks(groups)
+    checked = counts.masks({g for gs in groups.values() for g in gs})
 
     def tally(assign: Mapping[tuple[int, str], ProcessGroup], g: ProcessGroup
               ) -> tuple[int, ...]:
