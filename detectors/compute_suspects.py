@@ -48,6 +48,7 @@ from schemas.frame import StepFrame
 _GPU_SIGMA_FLOOR = 0.004
 _NODE_SIGMA_FLOOR = 0.006
 _MIN_GAPS = 5  # remembered steps before the stages' usual gap is a reference
+_MIN_LEANS = 40  # replicas' pairs of leans seen before the stages' data link is read
 
 
 def _basis(feats: StepFeatures) -> np.ndarray:
@@ -73,10 +74,10 @@ def compute_ratio(
 
 def compute_suspects(
     frame: StepFrame, feats: StepFeatures, ratio: np.ndarray, noise: NoiseMemory, out: Candidates,
-    stages: tuple[np.ndarray, int] | None = None, gap: StageGap | None = None,
+    stages: tuple[np.ndarray, int] | None = None, two_stages: TwoStages | None = None,
 ) -> None:
-    """Add the step's `gpu` (rank) and `node` suspects to `out`; `gap`, the job's memory of
-    its two stages' usual gap, learns this step's."""
+    """Add the step's `gpu` (rank) and `node` suspects to `out`; `two_stages`, the job's
+    memory of its two stages, learns this step."""
     basis = _basis(feats)
     with np.errstate(divide="ignore", invalid="ignore"):
         x = np.log(ratio)
@@ -87,7 +88,7 @@ def compute_suspects(
     per_node = counts[frame.node]
     # a rank with neither a replica nor a node to compare with is measured against its stage,
     # less the part its data replica shows in every stage (sequence lengths), as the node is
-    data, node_data, gap_now = _data_share(frame, x, basis, gap)
+    data, node_data, gap_now = _data_share(frame, x, basis, two_stages)
     g = np.where(per_node >= 3, x - node_x[frame.node], x - data)
     reference = np.where(per_node >= 3, 1, 2)  # what each residual is measured from
     rep = replica_keys(frame)
@@ -137,8 +138,8 @@ def compute_suspects(
                 f"compute ×{np.exp(node_x[n]):.2f} vs stage peers on "
                 f"{'all' if counts[n] <= 2 else 'most'} of its {counts[n]} ranks",
             )
-    if gap is not None:
-        gap.add(gap_now, stood_out)
+    if two_stages is not None:
+        two_stages.add(gap_now, stood_out)
 
 
 def _pair_partners(frame: StepFrame, stages: tuple[np.ndarray, int] | None) -> np.ndarray:
@@ -160,7 +161,7 @@ def _pair_partners(frame: StepFrame, stages: tuple[np.ndarray, int] | None) -> n
 
 
 def _data_share(frame: StepFrame, x: np.ndarray, basis: np.ndarray,
-                gap: StageGap | None) -> tuple[np.ndarray, np.ndarray, float]:
+                two_stages: TwoStages | None) -> tuple[np.ndarray, np.ndarray, float]:
     """(R,) the part of each rank's log compute ratio its data replica explains, for the
     rank itself and for its node's majority; and, in a job of two stages, the step's log
     compute gap between them (NaN otherwise).
@@ -170,13 +171,15 @@ def _data_share(frame: StepFrame, x: np.ndarray, basis: np.ndarray,
     node slows only its own stage. With three stages or more, the median over a replica's
     ranks in all stages is that data factor. With two, a slow node would be half of that
     median: each rank is compared with its replica's ranks in the other stage instead, less
-    the two stages' usual gap (`StageGap`). Not this step's gap: when a slow node holds half
+    the two stages' usual gap (`TwoStages`). Not this step's gap: when a slow node holds half
     of a stage's replicas, the median gap is half its slowness, and half would show as a
-    healthy node's of the other stage. That is for nodes only: a rank judged alone (one
-    traced per tensor-parallel group) is a slow node's as much as its GPU's, and its node
-    mates would each read as a slow GPU; the node view, or the node's own past, names the
-    node. Nothing is removed with one stage (nothing tells data from node), or when a node
-    holds ranks of both stages (its slowness would cancel).
+    healthy node's of the other stage. That pairing is for nodes only: a rank judged alone
+    (one traced per tensor-parallel group) is a slow node's as much as its GPU's, and its
+    node mates would each read as a slow GPU; the node view, or the node's own past, names
+    the node. A rank loses only what its replica shows in both stages (`_shared`), as far as
+    the job's replicas lean alike in both (`TwoStages.data_link`). Nothing is
+    removed with one stage (nothing tells data from node), or when a node holds ranks of both
+    stages (its slowness would cancel).
     """
     pp, dp = frame.coord("pp"), frame.coord("dp")
     none = np.zeros_like(x)
@@ -200,10 +203,35 @@ def _data_share(frame: StepFrame, x: np.ndarray, basis: np.ndarray,
         return none, none, np.nan
     diff = cells[:, 0] - cells[:, 1]
     now = float(np.median(diff[np.isfinite(diff)])) if np.isfinite(diff).any() else np.nan
-    usual = gap.usual() if gap is not None else np.nan
+    usual = two_stages.usual_gap() if two_stages is not None else np.nan
     c = usual if np.isfinite(usual) else now
     resid = y - cells[inv, 1 - stage] - np.where(stage == 0, c, -c)
-    return none, np.where(np.isfinite(resid), x - resid, 0.0), now
+    lean = grouped_median(x, inv * 2 + stage, 2 * int(uniq.size)).reshape(-1, 2)
+    link = 0.0
+    if two_stages is not None:
+        two_stages.add_lean(lean)
+        link = two_stages.data_link()
+    rank_data = link * _shared(lean)[inv]
+    return rank_data, np.where(np.isfinite(resid), x - resid, 0.0), now
+
+
+def _shared(lean: np.ndarray) -> np.ndarray:
+    """(N,) the part of each data replica's log compute ratio (`lean`: (N, 2), its ranks'
+    median in each of two stages) that it shows in both: the smaller of the two when they
+    lean the same way, else nothing.
+
+    A slow GPU or node slows one stage of its replica, and its partner in the other stage
+    keeps its peers' pace, so next to it nothing is shared; a heavier replica computes
+    longer in both. Only what both stages show is taken off, so a rank judged alone keeps
+    its own excess (unlike the node's pairing, which would read a slow node's every traced
+    rank as a slow GPU).
+
+    >>> _shared(np.array([[0.04, 0.04], [0.5, 0.01], [0.3, -0.2]])).tolist()
+    [0.04, 0.01, 0.0]
+    """
+    sign = np.sign(lean[:, 0])
+    both = (sign == np.sign(lean[:, 1])) & np.isfinite(lean).all(axis=1)
+    return np.where(both, sign * np.abs(lean).min(axis=1), 0.0)
 
 
 def _spans_both(node: np.ndarray, stage: np.ndarray, n_nodes: int) -> bool:
@@ -213,27 +241,49 @@ def _spans_both(node: np.ndarray, stage: np.ndarray, n_nodes: int) -> bool:
     return bool(seen.all(axis=1).any())
 
 
-class StageGap(Stateful):
-    """The usual log compute gap between the two stages of a two-stage job (stage 0 less
-    stage 1, per data replica, the median): the stages' work by design, which the data and a
-    job-wide change move alike in both. The median of the last `depth` steps in which no node
-    stood out, each remembered `delay` steps late and not at all while any incident is open
-    (`drop_recent`: a NIC's retries can move one stage's compute), as `NodeHistory` keeps
-    its past.
+class TwoStages(Stateful):
+    """A two-stage job's memory of its stages' compute: their usual log gap, and how far a
+    data replica's lean (its ranks' log compute ratio against their stage) in one stage
+    goes with its lean in the other.
 
-    >>> gap = StageGap(delay=1)
+    The gap (stage 0 less stage 1, per data replica, the median) is the stages' work by
+    design, which the data and a job-wide change move alike in both. It is the median of the
+    last `depth` steps in which no node stood out, each remembered `delay` steps late and not
+    at all while any incident is open (`drop_recent`: a NIC's retries can move one stage's
+    compute), as `NodeHistory` keeps its past.
+
+    >>> two = TwoStages(delay=1)
     >>> for g in (0.40, 0.41, 0.39, 0.40, 0.42, 0.40, 0.90):
-    ...     gap.add(g, stood_out=False)
-    >>> round(gap.usual(), 2)  # the last step is not remembered yet
+    ...     two.add(g, stood_out=False)
+    >>> round(two.usual_gap(), 2)  # the last step is not remembered yet
     0.4
+
+    The link is what sets a replica's data apart from a slow device: under sequence lengths
+    a heavier replica leans the same way in both stages, step after step. A job whose
+    replicas' stages lean independently (each rank's own jitter, a real batch whose cost
+    falls on one stage) has nothing shared to take off, and taking off whichever part of
+    its noise happened to agree would leave the rest judged by a spread too narrow for it
+    (a drill's healthy rank 0 paged). The link is the correlation of the two leans read from
+    how often their signs agree (for Gaussian leans, P(agree) = 1/2 + arcsin(ρ)/π), which one
+    stalled rank cannot sway; 0 when they agree no more often than chance.
+
+    >>> rng = np.random.default_rng(0)
+    >>> data = rng.normal(0, 0.05, (40, 4))
+    >>> alike, apart = TwoStages(), TwoStages()
+    >>> for d in data:
+    ...     alike.add_lean(np.stack([d, d + rng.normal(0, 0.01, 4)], axis=1))
+    ...     apart.add_lean(rng.normal(0, 0.05, (4, 2)))
+    >>> round(alike.data_link(), 1), apart.data_link() < 0.3
+    (1.0, True)
     """
 
-    def __init__(self, depth: int = 20, delay: int = WINDOW) -> None:
+    def __init__(self, depth: int = 20, delay: int = WINDOW, link_depth: int = 50) -> None:
         self.delay = delay
         self._past: deque[float] = deque(maxlen=depth)
         self._recent: deque[float] = deque()
+        self._agree: deque[tuple[int, int]] = deque(maxlen=link_depth)  # per step: agreed, pairs
 
-    def usual(self) -> float:
+    def usual_gap(self) -> float:
         """The remembered steps' median gap; NaN with fewer than `_MIN_GAPS`."""
         return float(np.median(self._past)) if len(self._past) >= _MIN_GAPS else np.nan
 
@@ -247,3 +297,17 @@ class StageGap(Stateful):
     def drop_recent(self) -> None:
         """Forget the steps not yet remembered (they may be an open incident's)."""
         self._recent.clear()
+
+    def add_lean(self, lean: np.ndarray) -> None:
+        """This step's (N, 2) leans of each data replica in the two stages."""
+        both = np.isfinite(lean).all(axis=1) & (lean != 0).all(axis=1)
+        sign = np.sign(lean[both])
+        self._agree.append((int((sign[:, 0] == sign[:, 1]).sum()), int(both.sum())))
+
+    def data_link(self) -> float:
+        """The leans' correlation in [0, 1]; 0 with fewer than `_MIN_LEANS` pairs seen."""
+        agreed = sum(a for a, _ in self._agree)
+        pairs = sum(n for _, n in self._agree)
+        if pairs < _MIN_LEANS:
+            return 0.0
+        return max(0.0, float(np.sin(np.pi * (agreed / pairs - 0.5))))

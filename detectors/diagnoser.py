@@ -35,8 +35,9 @@ import numpy as np
 from detectors.assembly import StepAssembler
 from detectors.base import Stateful
 from detectors.budget import StepBudget
+from detectors.burst_evidence import Carried, burst_tail, charged_excess
 from detectors.candidates import Z_REPORT, Candidates
-from detectors.compute_suspects import StageGap, compute_ratio
+from detectors.compute_suspects import TwoStages, compute_ratio
 from detectors.config import DetectorConfig
 from detectors.evidence import EXTREME, LONG_WINDOW, Z_ON, EvidenceTracker, Track
 from detectors.explain import summarize
@@ -45,7 +46,6 @@ from detectors.hang import EXIT_GRACE, FIRST_STALL_TIMEOUTS, HangDetector, HangF
 from detectors.incidents import IncidentBook, OpenIncident
 from detectors.irregularity import LEVEL_STEPS, WARMUP, StepTimeBaseline
 from detectors.network_suspects import (
-    Burst,
     Topology,
     burst_of,
     one_link,
@@ -105,10 +105,11 @@ class JobDiagnoser(Stateful):
         self._job_before_s = 0.0  # the step time a job-wide shift left
         self.transfers = TransferHistory()  # each transfer's own past (jobs of few instances)
         self.nodes = NodeHistory()  # each node's own past (nodes alone in their stage)
-        self.stage_gap = StageGap()  # a two-stage job's usual compute gap between its stages
+        self.two_stages = TwoStages()  # a two-stage job's memory of its stages' compute
         self.usual = UsualStep()  # the healthy step, for a counterfactual's transfers and starts
         # this step's excess of suspects on entities that report nothing (`_untraced_excess`)
         self._seen_excess: dict[tuple[str, str], float] = {}
+        self._carrier: Carried | None = None  # the network entity the last step's burst charged
         self.budget = StepBudget()
         # A job's `end` event is final only after a grace: a rank's last steps can still be
         # on their way (a straggler's agent behind, a broker partition read later), and
@@ -316,7 +317,7 @@ class JobDiagnoser(Stateful):
         burst = burst_of(step_time, irr.baseline_s, irr.z) if self.steps_seen > WARMUP else None
         cands = step_suspects(
             frame, feats, ratio, self.topology, ref, self.noise, stages, self.waits, own, burst,
-            self.stage_gap,
+            self.two_stages,
         )
         self._seen_excess = _untraced_excess(frame, feats, cands, self.topology.group_size)
         if any(k in NETWORK_KINDS and z >= EXTREME * Z_ON
@@ -330,7 +331,7 @@ class JobDiagnoser(Stateful):
         if not healthy_nodes:
             self.nodes.drop_recent()
         if self.book.open:  # any fault may move one stage's compute (a NIC's retries)
-            self.stage_gap.drop_recent()
+            self.two_stages.drop_recent()
         keep = {(culprit, kind) for kind, culprit in self.book.open}  # tracker keys
         # The job's first steps are its warm-up (allocators, caches, the first batches), and
         # the noise memory holds no spread yet: their suspects are reported, never evidence.
@@ -339,10 +340,18 @@ class JobDiagnoser(Stateful):
         recent = self.tracker.peaks()
         entity = [nic_of_link(e, k, recent, Z_REPORT)
                   for e, k in zip(counted.entity, counted.kind, strict=True)]
+        excess, carried = charged_excess(counted, entity, burst, self.tracker.z_on)
+        kind, z, detail = list(counted.kind), list(counted.z), list(counted.detail)
+        tail = burst_tail(counted, burst, self._carrier, self.tracker.z_on)
+        if tail is not None:
+            entity.append(tail.entity)
+            kind.append(tail.kind)
+            z.append(tail.z)
+            excess.append(tail.excess_s)
+            detail.append(tail.detail)
+        self._carrier = carried or tail
         confirmed = self.tracker.update(
-            frame.step, entity, counted.kind, counted.z,
-            _charged_excess(counted, burst, self.tracker.z_on),
-            counted.detail, keep, step_s=baseline,
+            frame.step, entity, kind, z, excess, detail, keep, step_s=baseline
         )
         touched: set[tuple[str, str]] = set()
         for tr in _opening_order(confirmed):
@@ -633,23 +642,4 @@ def _untraced_excess(frame: StepFrame, feats: StepFeatures, cands: Candidates,
     short = short_of_members(frame.groups, inst.group, inst.n_copies, group_size)
     if out and ((inst.kind == COLL) & short).any():
         return {}
-    return out
-
-
-def _charged_excess(cands: Candidates, burst: Burst | None, z_on: float) -> list[float]:
-    """Each suspect's excess as its evidence weighs it: its own, but for the strongest
-    significant network suspect of a step that at least doubled (`burst`), which is charged
-    what the step lost. A burst of a flapping NIC stalls the step twice over or more, and the
-    transfers a step sees slow may be a small part of it: a buffered send returns at once
-    and its transfer shows only in the receiver's wait (`evidence`: two such steps confirm
-    an intermittent fault). Only the network's: a checkpoint or an eval step doubles a step
-    too, and is some rank's time, never a transfer's."""
-    out = list(cands.excess_s)
-    if burst is None:
-        return out
-    net = [i for i, (k, z) in enumerate(zip(cands.kind, cands.z, strict=True))
-           if k in NETWORK_KINDS and z >= z_on]
-    if net:
-        top = max(net, key=lambda i: cands.z[i])
-        out[top] = max(out[top], burst.lost_s)
     return out

@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.candidates import Candidates
-from detectors.compute_suspects import StageGap, compute_suspects
+from detectors.compute_suspects import TwoStages, compute_suspects
 from detectors.features import StepFeatures
 from detectors.host_suspects import host_suspects
 from detectors.network_suspects import Burst, OwnPast, Topology, network_suspects
@@ -58,21 +58,21 @@ def step_suspects(
     waits: WaitHistory | None = None,
     own: OwnPast | None = None,
     burst: Burst | None = None,
-    gap: StageGap | None = None,
+    two_stages: TwoStages | None = None,
 ) -> Candidates:
     """All suspects of one step with their significance (robust z) and cost in seconds.
 
     `ratio` is `compute_ratio(...)`, `ref` is `transfer_reference(feats.inst)`, `own` each
     instance's own past (`TransferHistory.reference`) and `stages` is
     `peers.stage_keys(frame)`: computed once per step by the caller, which stores them too;
-    `burst` the step if it at least doubled (`network_suspects.burst_of`); `gap` the job's
-    memory of its two stages' usual compute gap (`compute_suspects.StageGap`);
+    `burst` the step if it at least doubled (`network_suspects.burst_of`); `two_stages` the job's
+    memory of its two stages (`compute_suspects.TwoStages`);
     `waits` is the job's memory of partially traced groups' waits (without it, nothing is
     said of untraced members). A single rank has no peers, hence no suspects."""
     out = Candidates()
     if frame.n_ranks < 2:
         return out
-    compute_suspects(frame, feats, ratio, noise, out, stages, gap)
+    compute_suspects(frame, feats, ratio, noise, out, stages, two_stages)
     host_suspects(frame, feats, stages, noise, out)
     network_suspects(frame, feats, topo, ref, out, own, burst)
     if waits is not None and frame.n_ranks < topo.world:  # only partial tracing has them

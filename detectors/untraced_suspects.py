@@ -59,7 +59,7 @@ import numpy as np
 
 from detectors.base import Stateful
 from detectors.candidates import Z_REPORT, Candidates
-from detectors.evidence import Z_ON
+from detectors.evidence import NEED, WINDOW, Z_ON
 from detectors.features import StepFeatures
 from detectors.network_suspects import Topology, layout_sizes, short_of_members
 from detectors.noise import NoiseMemory
@@ -92,9 +92,24 @@ class WaitHistory(Stateful):
     members' loads vary shows ×2 waits on ordinary steps. Measured against its own usual
     level (less the step's median change over all groups, which is job-wide) and its own
     spread, such a group is ordinary; a GPU that turned slow is not. A suspect's steps are
-    not learnt, so a persistent fault becomes neither the usual level nor the spread; and a
+    held back, so a persistent fault becomes neither the usual level nor the spread; and a
     fault elsewhere that changes many groups' waits at once (they wait on the same slow
-    rank) does not widen anyone's spread.
+    rank) does not widen anyone's spread. A held step is learnt `WINDOW` steps late when the
+    group was a suspect in fewer than `NEED` of them, the bar a track is confirmed by: an
+    excursion that did not persist is the group's own noise. Never learning them left only
+    the body of a heavy-tailed wait (an untraced expert's routed load, the last of several
+    replicas' data), whose spread then read its tail as a fault three steps in five.
+
+    >>> h = WaitHistory()
+    >>> for step in range(30):  # waits of 10 ms, and a 40 ms one every fourth step
+    ...     h.learn(["tp.1"], np.log([0.04 if step % 4 == 3 else 0.01]), np.array([step % 4 == 3]))
+    >>> bool(np.nanmax(h.values) > np.log(0.03))  # the tail is part of the usual spread
+    True
+    >>> h = WaitHistory()
+    >>> for step in range(30):  # 10 ms, then from step 10 on 40 ms: a fault, never learnt
+    ...     h.learn(["tp.1"], np.log([0.04 if step >= 10 else 0.01]), np.array([step >= 10]))
+    >>> bool(np.nanmax(h.values) > np.log(0.03))
+    False
     """
 
     def __init__(self, depth: int = HISTORY) -> None:
@@ -103,6 +118,11 @@ class WaitHistory(Stateful):
         self.values = np.full((0, depth), np.nan)  # (groups, depth) ring of log waits
         self.count = np.zeros(0, dtype=np.int64)  # values learnt per row (all time)
         self.stall_rate = np.zeros(0)  # per row: how often it showed a stall lately (EWMA)
+        # per row, its last WINDOW steps: each suspect step's wait (NaN: learnt or none) and
+        # whether it was a suspect; ring slot = `seen` mod WINDOW
+        self.held = np.full((0, WINDOW), np.nan)
+        self.was_suspect = np.zeros((0, WINDOW), dtype=bool)
+        self.seen = np.zeros(0, dtype=np.int64)
 
     def _rows(self, names: list[str]) -> np.ndarray:
         """Row of each group, new groups getting fresh rows."""
@@ -114,6 +134,9 @@ class WaitHistory(Stateful):
             self.values = np.vstack([self.values, np.full((grow, self.depth), np.nan)])
             self.count = np.concatenate([self.count, np.zeros(grow, dtype=np.int64)])
             self.stall_rate = np.concatenate([self.stall_rate, np.zeros(grow)])
+            self.held = np.vstack([self.held, np.full((grow, WINDOW), np.nan)])
+            self.was_suspect = np.vstack([self.was_suspect, np.zeros((grow, WINDOW), bool)])
+            self.seen = np.concatenate([self.seen, np.zeros(grow, dtype=np.int64)])
         return rows
 
     def stall_rates(self, names: list[str], stalled: np.ndarray) -> np.ndarray:
@@ -157,11 +180,21 @@ class WaitHistory(Stateful):
         return d, d / max(float(np.nanstd(hist, ddof=1)), floor)
 
     def learn(self, names: list[str], log_wait: np.ndarray, suspect: np.ndarray) -> None:
-        """Add this step's waits to the usual level, except a suspect's once it has one."""
+        """Add this step's waits to the usual level, holding back a suspect's once it has one;
+        learn the wait held `WINDOW` steps ago unless the group stayed a suspect."""
         rows = self._rows(names)
-        take = ~suspect | (self.count[rows] < _MIN_HISTORY)
-        rows = rows[take]
-        self.values[rows, self.count[rows] % self.depth] = log_wait[take]
+        slot = self.seen[rows] % WINDOW
+        old = self.held[rows, slot]
+        passed = np.isfinite(old) & (self.was_suspect[rows].sum(axis=1) < NEED)
+        self._add(rows[passed], old[passed])
+        hold = suspect & (self.count[rows] >= _MIN_HISTORY)
+        self._add(rows[~hold], log_wait[~hold])
+        self.held[rows, slot] = np.where(hold, log_wait, np.nan)
+        self.was_suspect[rows, slot] = hold
+        self.seen[rows] += 1
+
+    def _add(self, rows: np.ndarray, log_wait: np.ndarray) -> None:
+        self.values[rows, self.count[rows] % self.depth] = log_wait
         self.count[rows] += 1
 
 

@@ -7,7 +7,8 @@ from collections import Counter
 import numpy as np
 
 from detectors.candidates import Candidates
-from detectors.compute_suspects import StageGap, compute_ratio, compute_suspects
+from detectors.compute_suspects import TwoStages, compute_ratio, compute_suspects
+from detectors.evidence import EvidenceTracker
 from detectors.features import step_features
 from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
@@ -123,13 +124,13 @@ def _two_stages(steps: int, slow_from: int | None, seed: int = 0):
         yield frame_of(msgs)
 
 
-def _node_hits(frames, gap: StageGap) -> list[set[str]]:
+def _node_hits(frames, two_stages: TwoStages) -> list[set[str]]:
     noise, hits = NoiseMemory(), []
     for frame in frames:
         feats = step_features(frame)
         out = Candidates()
         compute_suspects(frame, feats, compute_ratio(frame, feats, stage_keys(frame)),
-                         noise, out, stage_keys(frame), gap)
+                         noise, out, stage_keys(frame), two_stages)
         hits.append({e for e, k in zip(out.entity, out.kind, strict=True) if k == "node"})
     return hits
 
@@ -139,7 +140,7 @@ def test_a_slow_node_of_a_two_stage_job_is_told_from_sequence_lengths():
     sequence lengths move the replicas ±20% step by step. Each rank is compared with its
     replica's ranks in the other stage (the same samples) less the stages' usual gap: the
     slow node stands out, and no node of the other stage takes half of it."""
-    hits = _node_hits(_two_stages(31, slow_from=25), StageGap())
+    hits = _node_hits(_two_stages(31, slow_from=25), TwoStages())
     assert all("node:n0-0" in h for h in hits[25:])  # what the evidence tracker confirms
     assert all(h <= {"node:n0-0"} for h in hits)
     assert not any(hits[5:25])  # the replicas' sequence lengths alone: nothing
@@ -148,5 +149,52 @@ def test_a_slow_node_of_a_two_stage_job_is_told_from_sequence_lengths():
 def test_without_their_usual_gap_a_two_stage_jobs_healthy_node_takes_half_the_blame():
     """The reason for the memory: judged by the step's own gap, which the slow node moved by
     half its slowness, the healthy node paired with it in the other stage reads as slow."""
-    hits = _node_hits(_two_stages(11, slow_from=5), StageGap(delay=10**6))
+    hits = _node_hits(_two_stages(11, slow_from=5), TwoStages(delay=10**6))
     assert sum("node:n1-1" in h for h in hits[5:]) >= 4
+
+
+def _tp0_two_stages(steps: int, slow_gpu_from: int | None, seed: int = 0):
+    """2 stages × 6 data replicas, one traced rank per tensor-parallel group (tp 0, two per
+    node): each step every replica draws its data anew (σ = 3%, the same through both
+    stages), and one replica computes 6% more for a stretch of steps (its longer sequences).
+    From `slow_gpu_from` on, replica 4's traced GPU of stage 0 is ×1.15."""
+    rng = np.random.default_rng(seed)
+    for s in range(steps):
+        data = np.exp(rng.normal(0.0, 0.03, 6))
+        data[1] *= 1.06 if 10 <= s < 30 else 1.0
+        msgs = []
+        for pp in range(2):
+            for dp in range(6):
+                c = 10.0 * (1.3 if pp else 1.0) * data[dp] * (1 + 0.005 * rng.standard_normal())
+                if slow_gpu_from is not None and s >= slow_gpu_from and pp == 0 and dp == 4:
+                    c *= 1.15
+                msgs.append(rank_step(pp * 24 + dp * 4, f"n{pp}-{dp // 2}", s, [
+                    ("compute", "fwd", "", 0, 0.0, c, 0),
+                    ("coll", "all_reduce", f"dp.{pp}", s, c, 1.0, 1 << 20)],
+                    coords={"tp": 0, "pp": pp, "dp": dp}))
+        yield frame_of(msgs)
+
+
+def _confirmed_gpus(frames) -> set[str]:
+    """The ranks the evidence tracker confirms as slow GPUs from the step's suspects."""
+    noise, tracker, confirmed = NoiseMemory(), EvidenceTracker(), set()
+    two_stages = TwoStages()
+    for step, frame in enumerate(frames):
+        feats = step_features(frame)
+        out = Candidates()
+        compute_suspects(frame, feats, compute_ratio(frame, feats, stage_keys(frame)),
+                         noise, out, stage_keys(frame), two_stages)
+        gpu = [i for i, k in enumerate(out.kind) if k == "gpu"]
+        tracks = tracker.update(step, [out.entity[i] for i in gpu], ["gpu"] * len(gpu),
+                                [out.z[i] for i in gpu], [0.0] * len(gpu), [""] * len(gpu))
+        confirmed |= {t.entity for t in tracks}
+    return confirmed
+
+
+def test_a_replica_heavier_in_both_stages_is_its_data_not_its_traced_gpus():
+    """One traced rank per tensor-parallel group in a two-stage job: a rank is judged against
+    its stage, and a replica with longer sequences computes longer in both stages. What both
+    stages of the replica show is its data; a slow GPU slows one stage only and is named."""
+    for seed in range(4):
+        assert not _confirmed_gpus(_tp0_two_stages(40, slow_gpu_from=None, seed=seed))
+        assert _confirmed_gpus(_tp0_two_stages(40, slow_gpu_from=34, seed=seed)) == {"rank:16"}

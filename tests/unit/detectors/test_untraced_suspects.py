@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from detectors.candidates import Candidates
 from detectors.compute_suspects import compute_ratio
+from detectors.evidence import EvidenceTracker
 from detectors.features import step_features
 from detectors.network_suspects import Topology, transfer_reference
 from detectors.noise import NoiseMemory
@@ -393,3 +396,48 @@ def test_a_dark_stage_behind_a_slow_link_is_still_named_as_the_dark_node():
         untraced_suspects(frame, step_features(frame), topo, stage_keys(frame), NoiseMemory(),
                           history, out)
     assert "its NIC or the path to it would look the same" in out.detail[0]
+
+
+def _routed_job(step: int, heavy: set[int], slow: int | None = None):
+    """`_small_job`'s layout, where an untraced member's expert load varies with the tokens
+    routed to it: a group waits 1 ms, ×2-5 when the member is routed heavy this step
+    (`heavy`: nodes), and 12 ms on every step from a slow untraced GPU (`slow`)."""
+    msgs = []
+    for r in (0, 2, 4, 6):
+        node = r // 2
+        wait = 1.0 + 0.02 * ((r + step) % 3)
+        if node in heavy:
+            wait *= 2.0 + (step * 7 + node) % 4
+        if node == slow:
+            wait = 12.0
+        msgs.append(rank_step(r, f"n{node}", step, [
+            ("compute", "fwd", "", 0, 0.0, 10.0, 0),
+            ("coll", "all_reduce", f"tp.{node}", step, 10.0, wait, 1 << 20)],
+            coords={"tp": 0, "pp": node // 2, "dp": node % 2}))
+    return frame_of(msgs)
+
+
+def _confirmed(frames, topo) -> set[str]:
+    """The suspects the evidence tracker confirms from these steps."""
+    noise, waits, tracker, confirmed = NoiseMemory(), WaitHistory(), EvidenceTracker(), set()
+    for step, frame in enumerate(frames):
+        out = Candidates()
+        untraced_suspects(frame, step_features(frame), topo, stage_keys(frame), noise, waits, out)
+        n = len(out.entity)
+        confirmed |= {t.entity for t in tracker.update(step, out.entity, out.kind, out.z,
+                                                       [0.0] * n, [""] * n)}
+    return confirmed
+
+
+def test_an_untraced_members_routed_load_is_learnt_as_its_groups_usual_wait():
+    """A group judged by its own usual wait, whose untraced member's load follows the tokens
+    routed to it (MoE): its long waits come one step in seven, in runs now and then. Each
+    excursion that did not persist is learnt late as the group's spread; a slow GPU, long
+    every step, never is, and is still named once its wait is past that spread (a wait
+    within it, every step, is not: that is the price of a spread that holds the tail)."""
+    topo = Topology(group_size={"tp": 2}, world=8)
+    rng = np.random.default_rng(3)
+    heavy = [{n for n in range(4) if rng.random() < 0.15} for _ in range(300)]
+    assert _confirmed([_routed_job(s, heavy[s]) for s in range(300)], topo) == set()
+    frames = [_routed_job(s, heavy[s], slow=1 if s >= 250 else None) for s in range(300)]
+    assert _confirmed(frames, topo) == {"node:n1"}
