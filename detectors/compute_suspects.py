@@ -177,9 +177,9 @@ def _data_share(frame: StepFrame, x: np.ndarray, basis: np.ndarray,
     (one traced per tensor-parallel group) is a slow node's as much as its GPU's, and its
     node mates would each read as a slow GPU; the node view, or the node's own past, names
     the node. A rank loses only what its replica shows in both stages (`_shared`), as far as
-    the job's replicas lean alike in both (`TwoStages.data_link`). Nothing is
-    removed with one stage (nothing tells data from node), or when a node holds ranks of both
-    stages (its slowness would cancel).
+    the job's replicas lean alike in both (`TwoStages.data_link`, which learns the step's
+    leans here). Nothing is removed with one stage (nothing tells data from node), or when a
+    node holds ranks of both stages (its slowness would cancel).
     """
     pp, dp = frame.coord("pp"), frame.coord("dp")
     none = np.zeros_like(x)

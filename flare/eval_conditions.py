@@ -47,6 +47,9 @@ class Condition:
         changes = dict(self.changes)
         if changes.get("traced") == "node_dark" and sc.layout.n_nodes < 2:
             return False
+        if changes.get("partial_bursts") and (sc.fault is None
+                                              or sc.fault.family != "flapping_nic"):
+            return False  # nothing else flaps: the other runs would be the base's again
         return "fault2" not in changes or (sc.fault is not None and sc.layout.n_nodes >= 3)
 
 
@@ -75,6 +78,12 @@ CONDITIONS: tuple[Condition, ...] = (
         "1F1B pipeline schedule (forwards and backwards interleaved); the DP gradient "
         "reduce_scatter runs in buckets overlapped with the last backward",
         (("schedule", "1f1b"),),
+    ),  # fmt: skip
+    Condition(
+        "bursts",
+        "a flapping NIC's bursts start anywhere in a step and run 0.5-1.5 steps across its "
+        "end, at a period of its own (drills); flapping NIC runs only",
+        (("partial_bursts", True),),
     ),  # fmt: skip
 )
 CONDITION_NAMES = tuple(c.name for c in CONDITIONS)

@@ -12,9 +12,11 @@ _CONDITIONS_HELP = (
     "traced), half (a random half traced), node_dark (one node's agent down), comm_only (no "
     "compute ops), seq (sequence-length imbalance), stage (last pipeline stage 1.4×), "
     "two_faults (a second fault, a slow GPU ×1.5 in another group; no clean runs), 1f1b "
-    "(1F1B pipeline schedule, dp reduce_scatter overlapped with backward); combine "
-    "with + (step30+tp0). Each condition runs every fault family (straggler and flapping_nic "
-    "included) and the clean runs, heartbeats on; prints a row per condition"
+    "(1F1B pipeline schedule, dp reduce_scatter overlapped with backward), bursts (a "
+    "flapping NIC's bursts over parts of steps, at a period of its own; flapping_nic runs "
+    "only); combine with + (step30+tp0). Each condition runs every fault family (straggler "
+    "and flapping_nic included) and the clean runs, heartbeats on; prints a row per "
+    "condition"
 )
 
 

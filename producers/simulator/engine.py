@@ -90,6 +90,9 @@ class StepInputs:
     xfer: dict[int, list[np.ndarray]]  # per group kind, per stage: transfer ns per instance
     stop: tuple[int, int, int] | None = None  # (stage, op slot, j): a rank stops for good
     hang_dp: tuple[int, int] | None = None  # (stage, tp): its (first) dp reduce_scatter never ends
+    # a burst within the step: `xfer` as the fault stretches it, and per stage the op slots
+    # [from, to) it holds for (a transfer by its sending slot); `xfer` holds elsewhere
+    burst: tuple[dict[int, list[np.ndarray]], list[tuple[int, int]]] | None = None
 
 
 @dataclass
@@ -276,6 +279,15 @@ class StepEngine:
         else:
             expert, a2a_x, a2a_bytes = main, inp.xfer.get(G_EP, []), None
         xtp, xdp, xpp = inp.xfer[G_TP], inp.xfer[G_DP], inp.xfer[G_PP_NEXT]
+        burst = inp.burst
+        if burst is not None:
+            bx, span = burst
+            btp, bdp, bpp = bx[G_TP], bx[G_DP], bx[G_PP_NEXT]
+            b_a2a = ([bx[G_EP][s] * moe[s].reshape(ne, ep, tp).max(axis=1) for s in range(P)]
+                     if inp.moe is not None else bx.get(G_EP, []))
+
+        def burst_at(s: int, col: int) -> bool:
+            return burst is not None and span[s][0] <= col < span[s][1]
         stop = inp.stop
         hang_ns: float | None = None
 
@@ -328,9 +340,10 @@ class StepEngine:
                 np.maximum(a, stream[s], out=a)
             e = end[s][col]
             n_row = net[s][col]
+            hit = burst_at(s, col)
             if gt == G_TP:
                 mx = a.reshape(dp, tp).max(axis=1)
-                mx += xtp[s] * n_row[::tp]
+                mx += (btp if hit else xtp)[s] * n_row[::tp]
                 e.reshape(dp, tp)[...] = mx[:, None]
             elif gt == G_DP:
                 mx = a.reshape(dp, tp).max(axis=0)
@@ -338,12 +351,13 @@ class StepEngine:
                 if hd is not None and hd[0] == s and nm == REDUCE_SCATTER and not bucket:
                     hang_ns = float(mx[hd[1]])  # the last member just entered (its 1st bucket)
                     mx[hd[1]] = np.inf
-                x = xdp[s] if bucket is None else xdp[s] * (nb / c.grad_bytes)
+                x = (bdp if hit else xdp)[s]
+                x = x if bucket is None else x * (nb / c.grad_bytes)
                 mx += x * n_row[:tp]
                 e.reshape(dp, tp)[...] = mx[None, :]
             else:
                 mx = a.reshape(ne, ep, tp).max(axis=1)
-                mx += a2a_x[s] * n_row.reshape(ne, ep, tp)[:, 0, :]
+                mx += (b_a2a if hit else a2a_x)[s] * n_row.reshape(ne, ep, tp)[:, 0, :]
                 e.reshape(ne, ep, tp)[...] = mx[:, None, :]
             if bucket is None:
                 clk[s] = e
@@ -369,7 +383,7 @@ class StepEngine:
                 cs, cr = cols
                 e = end[src][cs]
                 np.maximum(start[src][cs], start[dst][cr], out=e)
-                e += xpp[x.pair] * net[src][cs]
+                e += (bpp if burst_at(src, cs) else xpp)[x.pair] * net[src][cs]
                 end[dst][cr][...] = e
 
         def matched(ops: tuple[tuple[Xfer, bool], ...]) -> bool:

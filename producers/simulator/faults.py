@@ -32,6 +32,9 @@ class FaultPlan:
     link_hit: dict[int, list[np.ndarray]] | None = None
     # (steps + 1,) bool: when an intermittent fault (thermal episodes, a flapping NIC) is on
     schedule: np.ndarray | None = None
+    # (steps + 1, 2): the part of each step's ops a burst covers, [from, to) as fractions of
+    # the step (a flapping NIC's bursts start anywhere in a step and run across its end)
+    window: np.ndarray | None = None
     hang_rank: int | None = None
     hang_at: float = 0.0  # where in its step the rank stops, as a fraction of its ops
     comm_group: tuple[int, int] | None = None  # (stage, tp index) of the hung dp group
@@ -46,6 +49,14 @@ class FaultPlan:
         if self.schedule is not None:
             return bool(self.schedule[min(step, len(self.schedule) - 1)])
         return True
+
+    def covered(self, step: int) -> tuple[float, float]:
+        """The part of `step` the fault is on, [from, to) as fractions of its ops: (0, 1)
+        for a whole step."""
+        if self.window is None:
+            return (0.0, 1.0)
+        lo, hi = self.window[min(step, len(self.window) - 1)]
+        return (float(lo), float(hi))
 
     def compute_factor(self, step: int, world: int) -> np.ndarray | None:
         """(world,) compute multiplier of this step, None when the fault leaves compute alone."""
@@ -157,14 +168,46 @@ def _flapping_schedule(onset: int, steps: int, rng: np.random.Generator) -> np.n
     return (k >= 0) & (k % (on + off) < on)
 
 
+def _flapping_windows(onset: int, steps: int, rng: np.random.Generator) -> np.ndarray:
+    """(steps + 1, 2): the part of each step a flapping NIC's bursts cover, [from, to) as
+    fractions of the step. A NIC whose link renegotiates or flaps has a steady period of
+    its own, so its evidence comes and goes: one burst every `period` steps (seeded in
+    4–9, not a whole number: the NIC keeps its own time, not the job's), each `length`
+    steps long (0.5–1.5), the first starting at a seeded point of the onset step. Drills on
+    real training (a tbf limit toggled every 2 s, 0.3 s steps) showed bursts over one or two
+    steps in seven, each starting anywhere in a step and running across its end into the
+    next, and hitting whatever was in flight then. The default bursts
+    (`_flapping_schedule`) are one or two whole steps, kinder than real ones.
+
+    >>> w = _flapping_windows(2, 14, np.random.default_rng(2))
+    >>> [s for s in range(15) if w[s, 1] > w[s, 0]]  # a burst every 5.3 steps
+    [2, 3, 8, 13, 14]
+    >>> [w[s].round(2).tolist() for s in (2, 3, 8)]  # the next burst falls elsewhere
+    [[0.81, 1.0], [0.0, 0.61], [0.12, 0.92]]
+    """
+    period = float(rng.uniform(4.0, 9.0))
+    length = float(rng.uniform(0.5, 1.5))
+    phase = float(rng.uniform(0.0, 1.0))
+    out = np.zeros((steps + 1, 2))
+    start = onset + phase
+    while start < steps + 1:
+        end = start + length
+        for step in range(int(start), min(int(np.ceil(end)), steps + 1)):
+            out[step] = (max(start - step, 0.0), min(end - step, 1.0))
+        start += period
+    return out
+
+
 def plan_fault(
     fault: Fault,
     topo: Topology,
     steps: int,
     target_rng: np.random.Generator,
     fault_rng: np.random.Generator,
+    partial_bursts: bool = False,
 ) -> FaultPlan:
-    """Bind `fault` to this topology (clear ValueError when it cannot happen on it)."""
+    """Bind `fault` to this topology (clear ValueError when it cannot happen on it);
+    `partial_bursts`: a flapping NIC's bursts cover parts of steps (`_flapping_windows`)."""
     fam = fault.family
     if fam in ("slow_gpu", "thermal", "straggler", "rank_stall"):
         r = _resolve_rank(topo, fault.target, target_rng)
@@ -182,7 +225,10 @@ def plan_fault(
             hit = np.zeros(topo.n_nodes, dtype=bool)
             hit[node] = True
             plan.link_hit = topo.instances_touching(hit)
-        if fam == "flapping_nic":
+        if fam == "flapping_nic" and partial_bursts:
+            plan.window = _flapping_windows(fault.onset_step, steps, fault_rng)
+            plan.schedule = plan.window[:, 1] > plan.window[:, 0]
+        elif fam == "flapping_nic":
             plan.schedule = _flapping_schedule(fault.onset_step, steps, fault_rng)
         return plan
     if fam == "switch":

@@ -245,6 +245,9 @@ class Scenario:
       and backwards (a stage holds at most P - s microbatches in flight) and runs the dp
       reduce_scatter in buckets on a stream of its own during the last backward, so a
       rank's ops overlap in time.
+    - `partial_bursts`: a flapping NIC's bursts start anywhere in a step and run 0.5-1.5
+      steps across its end, at a period of the NIC's own (4-9 steps, not a whole number),
+      as drills on real training show; by default each burst is one or two whole steps.
     None of these is a fault: they must not become device incidents. `fault2` is a second,
     simultaneous fault in a different group (no node, TP or DP group shared with `fault`;
     drawn from its own seed when it has no target); at most one of the two is a hang.
@@ -268,6 +271,7 @@ class Scenario:
     stage_imbalance: float = 1.0
     fault2: Fault | None = None
     schedule: Schedule = "gpipe"
+    partial_bursts: bool = False
     # true time 0 of the job on the nodes' clocks; None: a fixed epoch, so a recording is
     # the same file every time. A live run (`flare up`) starts now, so its steps and
     # incidents are where a "last hour" dashboard looks.
@@ -311,8 +315,10 @@ class Scenario:
         if self.traced not in TRACED:
             raise ValueError(f"Scenario.traced must be one of {', '.join(TRACED)}, "
                              f"got {self.traced!r}")  # fmt: skip
-        if not isinstance(self.comm_only, bool):
-            raise ValueError(f"Scenario.comm_only must be True or False, got {self.comm_only!r}")
+        for name in ("comm_only", "partial_bursts"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Scenario.{name} must be True or False, "
+                                 f"got {getattr(self, name)!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"Scenario.schedule must be one of {', '.join(SCHEDULES)}, "
                              f"got {self.schedule!r}")  # fmt: skip
@@ -327,7 +333,7 @@ class Scenario:
         out: dict[str, Any] = {}
         for name, default in (("traced", "all"), ("comm_only", False), ("seq_imbalance", 0.0),
                               ("stage_imbalance", 1.0), ("fault2", None),
-                              ("schedule", "gpipe")):  # fmt: skip
+                              ("schedule", "gpipe"), ("partial_bursts", False)):  # fmt: skip
             if getattr(self, name) != default:
                 out[name] = getattr(self, name)
         if self.fault2 is not None:

@@ -100,6 +100,7 @@ class ClusterSimulator:
             self.plan = plan_fault(
                 scenario.fault, topo, scenario.steps,
                 np.random.default_rng(target_seed), np.random.default_rng(fault_seed),
+                partial_bursts=scenario.partial_bursts,
             )  # fmt: skip
             self.plans.append(self.plan)
         if scenario.fault2 is not None and self.plan is not None:
@@ -156,7 +157,7 @@ class ClusterSimulator:
             main = main * workload
         dev = np.full(W, level)
         xfer = self._xfer
-        stop = hang_dp = None
+        stop = hang_dp = burst = None
         for plan, stretch in zip(self.plans, self._stretch, strict=True):
             if not plan.active(step):
                 continue
@@ -166,9 +167,14 @@ class ClusterSimulator:
                 dev = dev * cf
             fam = plan.family
             if stretch is not None:
-                xfer = dict(xfer)
+                stretched = dict(xfer)
                 for k, mult in stretch.items():
-                    xfer[k] = [x * m for x, m in zip(xfer[k], mult, strict=True)]
+                    stretched[k] = [x * m for x, m in zip(xfer[k], mult, strict=True)]
+                lo, hi = plan.covered(step)
+                if (lo, hi) == (0.0, 1.0):
+                    xfer = stretched
+                else:  # a burst over part of the step: those of its ops, by their slots
+                    burst = (stretched, [(int(lo * k), int(np.ceil(hi * k))) for k in K])
             elif fam == "rank_stall":
                 # one lump per step (a GC pause, a late batch) before a random op of the rank
                 lost = (plan.fault.severity - 1.0) * self.scenario.step_time_s * 1e9
@@ -193,7 +199,7 @@ class ClusterSimulator:
         return StepInputs(
             train=train, checkpoint_ns=nd.checkpoint_ns, gaps=nd.gaps,
             jit=nd.jit, net=nd.net, main=main, dev=dev, moe=nd.moe, xfer=xfer, stop=stop,
-            hang_dp=hang_dp,
+            hang_dp=hang_dp, burst=burst,
         )  # fmt: skip
 
     def _records(self) -> Iterator[StepRecord]:

@@ -89,6 +89,19 @@ def test_condition_scenarios_remake_the_whole_matrix_with_heartbeats_everywhere(
     assert all(sc.layout.world >= 64 for sc in by["node_dark"])  # one node cannot go dark
 
 
+def test_the_bursts_condition_remakes_the_flapping_nic_runs_only():
+    from flare.eval_conditions import condition_scenarios, parse_conditions
+
+    pairs = condition_scenarios(parse_conditions("base,bursts"), [16], 1, 500)
+    base = [sc for c, sc in pairs if c == "base" and sc.fault
+            and sc.fault.family == "flapping_nic"]  # fmt: skip
+    bursts = [sc for c, sc in pairs if c == "bursts"]
+    assert bursts and all(sc.partial_bursts for sc in bursts)
+    assert [replace(sc, job="x", partial_bursts=False) for sc in bursts] == [
+        replace(sc, job="x") for sc in base
+    ]  # nothing else flaps: no other run, clean runs included, is made again
+
+
 def _truth(culprit: str, traced: bool | None) -> GroundTruth:
     return GroundTruth(job="j", family="slow_gpu", kind="gpu", culprit=culprit, onset_step=20,
                        onset_ts_ns=None, severity=1.5, layout={}, gpus=64, steps=40, seed=1,

@@ -20,6 +20,7 @@ from producers.simulator import (
 from producers.simulator.simulator import EPOCH_NS, HANG_TAIL_NS
 from schemas.decode import decode_heartbeat
 from schemas.frame import StepFrame
+from schemas.rankstep import COMPUTE
 from schemas.wire import HeartbeatV1
 from tests.unit.producers.simulator.support import frames, heartbeats, scenario
 
@@ -204,6 +205,36 @@ def test_flapping_nic_toggles_its_link_fault_in_steady_bursts():
     xfer = np.array([transfer(f, "dp.0-1") for f in frames(sim)])  # crosses node-0001
     slow = xfer > 2.0 * xfer[0]
     assert np.array_equal(slow, on)  # the evidence comes and goes with the fault
+
+
+def test_partial_bursts_of_a_flapping_nic_cross_step_ends_at_a_period_of_its_own():
+    lay = Layout(tp=2, pp=2, dp=4, gpus_per_node=4, nodes_per_switch=2)
+    sc = scenario(layout=lay, steps=24, noise=Noise.quiet(), partial_bursts=True,
+                  fault=Fault("flapping_nic", 4.0, 3, "node:node-0001"))  # fmt: skip
+    sim = ClusterSimulator(sc)
+    assert (sim.truth.kind, sim.truth.culprit) == ("link", "node:node-0001")
+    on = np.array([sim.plan.active(s) for s in range(24)])
+    assert not on[:3].any() and on[3]
+    window = np.array([sim.plan.covered(s) for s in range(24)])
+    starts = np.flatnonzero(on & ~np.roll(on, 1))
+    gaps = np.diff(starts)
+    assert len(starts) >= 3 and gaps.max() - gaps.min() <= 1  # a steady period of its own
+    assert 4 <= gaps.min() and gaps.max() <= 9  # a burst in every 4-9 steps, as drills show
+    length = np.diff(window, axis=1)[:, 0]
+    assert all(0.5 <= length[a : a + 2].sum() <= 1.5 for a in starts)  # 0.5-1.5 steps long
+    # a burst that spills into the next step runs to the end of its first: a toggle keeps
+    # no step boundary
+    assert all(window[a, 1] == 1.0 for a in starts if on[a + 1])
+
+    def comm_ns(f: StepFrame) -> np.ndarray:
+        """Each collective and transfer of node-0001's ranks in the step, in op order."""
+        ri = f.op_rank_index()
+        return f.op_dur_ns[(f.node[ri] == f.nodes.index("node-0001")) & (f.op_kind != COMPUTE)]
+
+    comm = [comm_ns(f) for f in frames(sim)]
+    stretched = np.array([(c > 2 * comm[0]).mean() for c in comm])
+    assert np.array_equal(stretched > 0, on)  # the evidence comes and goes with the bursts
+    assert (stretched[on] < 0.9).all()  # and in each, some of the step's transfers only
 
 
 def test_hang_heartbeats_outlast_a_timeout_of_three_long_steps():
