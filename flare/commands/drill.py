@@ -128,7 +128,7 @@ def _show(res: DrillResult, as_json: bool) -> None:
     _lines(res.incidents, res.found, res.false_device)
     if res.measured_slowdown is not None and res.found is not None:
         est, got = res.found.slowdown, res.measured_slowdown
-        typer.echo(f"cost: the incident says the job runs ×{est:.2f}, its steps show "
+        typer.echo(f"cost: the incident says its steps run ×{est:.2f}, they ran "
                    f"×{got:.2f} against those before the fault ({est / got - 1:+.0%})")
     if k is not None:
         typer.echo(f"profiler traces ({k.steps} job steps): "

@@ -2,18 +2,22 @@
 
 The steps a drill trains before its fault are the same job without it: the same model, batch
 and machine. The slowdown the fault caused is then measured, not modelled: the job's step time
-over the incident's steps against the median healthy step before the fault. The incident's own
-estimate (`slowdown`, the mean of its what-if over its evidence steps) is read, never imitated,
-so the check stays valid whatever the estimator does. A hang's or a killed rank's cost is the
-stopped job by definition, so only faults that slow the job are checked.
+over the incident's evidence steps against the median healthy step before the fault. The
+incident's own estimate (`slowdown`, the mean of its what-if over the same steps) is read,
+never imitated, so the check stays valid whatever the estimator does. Both are over the steps
+that showed the fault: a flapping NIC's incident prices its bursts, and measured over every
+step it spans (its quiet steps between bursts included) its estimate read 27% high where,
+burst for burst, it is 23% low (ten drills). A hang's or a killed rank's cost is the stopped
+job by definition, so only faults that slow the job are checked.
 
 >>> times = {s: 0.4 for s in range(10, 27)} | {s: 1.2 for s in range(27, 40)}
->>> round(measured_slowdown(times, onset=27, first=29, last=39), 3)
+>>> round(measured_slowdown(times, onset=27, steps=range(29, 40)), 3)
 3.0
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -35,13 +39,13 @@ def step_times(recording: Path) -> dict[int, float]:
     return {s: float(np.median(x)) / 1e9 for s, x in spans.items()}
 
 
-def measured_slowdown(times: dict[int, float], onset: int, first: int, last: int
+def measured_slowdown(times: dict[int, float], onset: int, steps: Iterable[int]
                       ) -> float | None:
-    """The mean, over steps `first`..`last`, of the step time against the median healthy
-    step (the `_HEALTHY` steps that end one before the fault's first whole step, which it
-    may already touch); None with too few of either."""
+    """The mean, over `steps` (an incident's evidence steps), of the step time against the
+    median healthy step (the `_HEALTHY` steps that end one before the fault's first whole
+    step, which it may already touch); None with too few of either."""
     healthy = [times[s] for s in range(onset - 1 - _HEALTHY, onset - 1) if s in times]
-    during = [times[s] for s in range(first, last + 1) if s in times]
+    during = [times[s] for s in steps if s in times]
     if len(healthy) < _HEALTHY // 2 or not during:
         return None
     return float(np.mean(during) / np.median(healthy))

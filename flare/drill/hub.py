@@ -109,14 +109,18 @@ def _read_back(bootstrap: str, expect: int) -> Iterator[bytes]:
     """Every message on the input topics, as recording lines, until `expect` were read or
     the broker stayed silent for `COLLECT_IDLE_S`."""
     import orjson
-    from confluent_kafka import Consumer
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     from producers.recording import recording_line
     from schemas.topics import INPUT_TOPICS
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"drill-{time.time_ns()}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe(list(INPUT_TOPICS))
+    # every partition from its start, assigned rather than subscribed: nothing else reads
+    # these topics, and a consumer group's join cost the broker host some 20 s of each drill
+    meta = consumer.list_topics(timeout=FIRST_MESSAGE_S)
+    consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in INPUT_TOPICS
+                     if t in meta.topics for p in meta.topics[t].partitions])
     start = last = time.monotonic()
     n = 0
     try:

@@ -42,6 +42,7 @@ from flare.drill.faults import (
 )
 from flare.drill.hub import HubBroker
 from flare.drill.testbed import Host, Testbed
+from flare.eval_cost import evidence_steps
 from schemas.wire import IncidentV1
 
 FAULTS = ("none", "slow-rank", "nic", "flapping-nic", "freeze", "kill")
@@ -185,8 +186,9 @@ class DrillResult:
     false_device: list[IncidentV1] = field(default_factory=list)
     step_s: float = 0.0  # the job's seconds per step before the fault
     kineto: KinetoVerdict | None = None  # the same drill seen from its profiler traces
-    # what the job's own steps show the fault cost, over the found incident's steps (its
-    # `slowdown` is the estimate): None for faults that stop the job, or nothing found
+    # what the job's own steps show the fault cost, over the found incident's evidence
+    # steps (its `slowdown` is the estimate over the same steps): None for faults that stop
+    # the job, or nothing found
     measured_slowdown: float | None = None
 
     @property
@@ -282,7 +284,7 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
     sort_recording(out / "broker.jsonl", recording)
     if spec.comm_only:
         recording = without_compute(recording, out / "recording.comm-only.jsonl")
-    incidents, steps = _diagnose(recording)
+    incidents, steps, events = _diagnose(recording)
     found, false_device = judge(truth, incidents)
     say(f"{sent} messages sent, {received} received by the broker, {steps} job steps "
         "diagnosed")
@@ -290,7 +292,7 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
     measured = None
     if spec.fault in SLOWING and found is not None and truth.onset_step is not None:
         measured = measured_slowdown(step_times(recording), truth.onset_step,
-                                     found.opened_step, found.last_step)
+                                     evidence_steps(events, found.id))
     return DrillResult(truth, incidents, steps, rootless, recording, sent, received, found,
                        false_device, step_s, kineto, measured)
 
@@ -305,7 +307,7 @@ def _kineto_verdict(out: Path, job: str, truth: Truth) -> KinetoVerdict:
         write_events(list(kineto_to_events([out / "kineto"], job)), recording)
     except KinetoError as exc:
         return KinetoVerdict([], 0, recording, error=str(exc))
-    incidents, steps = _diagnose(recording)
+    incidents, steps, _ = _diagnose(recording)
     found, false_device = judge(truth, incidents)
     return KinetoVerdict(incidents, steps, recording, found, false_device)
 
@@ -539,8 +541,10 @@ def without_compute(path: Path, out: Path) -> Path:
     return out
 
 
-def _diagnose(recording: Path) -> tuple[list[IncidentV1], int]:
+def _diagnose(recording: Path) -> tuple[list[IncidentV1], int, list[IncidentV1]]:
+    """The recording's incidents (each as it ended), its steps diagnosed, and every
+    incident event in order (an incident's evidence steps are read from them)."""
     from flare.offline import diagnose_messages, recording_messages
 
     res = diagnose_messages(recording_messages(str(recording)))
-    return list(res.incidents.values()), res.steps
+    return list(res.incidents.values()), res.steps, res.events
