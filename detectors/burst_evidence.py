@@ -19,7 +19,7 @@ stall.
 
 >>> cands = Candidates()
 >>> cands.add("node:n0", "link", 12.0, 0.3, "transfers ×90")
->>> charged, carrier = charged_excess(cands, ["node:n0"], Burst(10.0, 1.1), 4.0)
+>>> charged, carrier = charged_excess(cands, ["node:n0"], ["link"], Burst(10.0, 1.1), 4.0)
 >>> charged, carrier.entity
 ([1.1], 'node:n0')
 >>> tail = burst_tail(Candidates(), Burst(10.0, 0.9), carrier, 4.0)
@@ -51,18 +51,18 @@ class Carried:
 
 
 def charged_excess(
-    cands: Candidates, entity: list[str], burst: Burst | None, z_on: float
+    cands: Candidates, entity: list[str], kind: list[str], burst: Burst | None, z_on: float
 ) -> tuple[list[float], Carried | None]:
-    """Each suspect's excess as its evidence weighs it (`entity`: the suspects as the tracker
-    keys them), and what this step's burst charged to the network entity that carried it
-    (None without a burst or without a significant network suspect)."""
+    """Each suspect's excess as its evidence weighs it (`entity`, `kind`: the suspects as the
+    tracker keys them), and what this step's burst charged to the network entity that
+    carried it (None without a burst or without a significant network suspect)."""
     out = list(cands.excess_s)
     net = _significant_network(cands, z_on)
     if burst is None or not net:
         return out, None
     top = max(net, key=lambda i: cands.z[i])
     out[top] = max(out[top], burst.lost_s)
-    return out, Carried(entity[top], cands.kind[top], cands.z[top], out[top], cands.detail[top])
+    return out, Carried(entity[top], kind[top], cands.z[top], out[top], cands.detail[top])
 
 
 def burst_tail(

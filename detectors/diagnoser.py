@@ -39,7 +39,7 @@ from detectors.burst_evidence import Carried, burst_tail, charged_excess
 from detectors.candidates import Z_REPORT, Candidates
 from detectors.compute_suspects import TwoStages, compute_ratio
 from detectors.config import DetectorConfig
-from detectors.evidence import EXTREME, LONG_WINDOW, Z_ON, EvidenceTracker, Track
+from detectors.evidence import EXTREME, LONG_WINDOW, Z_ON, EvidenceTracker, Track, far_bar
 from detectors.explain import summarize
 from detectors.features import StepFeatures, step_features
 from detectors.hang import EXIT_GRACE, FIRST_STALL_TIMEOUTS, HangDetector, HangFinding
@@ -55,7 +55,14 @@ from detectors.network_suspects import (
 from detectors.node_history import NodeHistory
 from detectors.noise import NoiseMemory
 from detectors.peers import stage_keys
-from detectors.reconcile import NETWORK_KINDS, Placement, covering, nic_of_link, spread_of
+from detectors.reconcile import (
+    NETWORK_KINDS,
+    Placement,
+    covering,
+    earlier_views,
+    nic_of,
+    spread_of,
+)
 from detectors.rows import group_rows, rank_rows
 from detectors.stacks import StackBook, where_phrase
 from detectors.stalls import stall_seconds
@@ -77,6 +84,11 @@ _MEMBERSHIP_EVERY = 10  # relearn group membership every N steps (it rarely chan
 # of a 0.35 s step (a replay without it: ×1.0000); it stays a candidate and opens if its
 # cost grows. (At 0.5% the simulator's ×1.05 slow GPUs opened a step later.)
 _MIN_SLOWDOWN = 1.001
+# A fault masked by another is paged for what it would cost once that one is fixed: a
+# forecast, not a loss the step shows, so it must be material (1%: a simulated slow GPU at
+# ×1.05 behind a straggler forecasts ×1.02; a 2% compute lean left by a stalled rank's
+# critical path, ×1.001)
+_LATENT_MIN_SLOWDOWN = 1.01
 _NO_DEVICE = " with no device to blame"
 _WHERE = "; stacks: "  # a hang's summary ends with where its culprit is, once known
 
@@ -110,6 +122,7 @@ class JobDiagnoser(Stateful):
         # this step's excess of suspects on entities that report nothing (`_untraced_excess`)
         self._seen_excess: dict[tuple[str, str], float] = {}
         self._carrier: Carried | None = None  # the network entity the last step's burst charged
+        self._forecast_at: dict[tuple[str, str], int] = {}  # (kind, entity) → step of `_latent`
         self.budget = StepBudget()
         # A job's `end` event is final only after a grace: a rank's last steps can still be
         # on their way (a straggler's agent behind, a broker partition read later), and
@@ -338,10 +351,15 @@ class JobDiagnoser(Stateful):
         counted = cands if self.steps_seen > WARMUP else Candidates()
         baseline = irr.baseline_s if np.isfinite(irr.baseline_s) else step_time
         recent = self.tracker.peaks()
-        entity = [nic_of_link(e, k, recent, Z_REPORT)
+        entity = [nic_of(e, k, recent, self.placement, Z_REPORT, far_bar("link") * Z_ON)
+                  if (k, e) not in self.book.open else e
                   for e, k in zip(counted.entity, counted.kind, strict=True)]
-        excess, carried = charged_excess(counted, entity, burst, self.tracker.z_on)
-        kind, z, detail = list(counted.kind), list(counted.z), list(counted.detail)
+        # a link or a switch read as a NIC is tracked as that NIC
+        kind = [k if m == e else "link"
+                for m, e, k in zip(entity, counted.entity, counted.kind, strict=True)]
+        self._credit_nic(entity, kind, counted.z, recent)
+        excess, carried = charged_excess(counted, entity, kind, burst, self.tracker.z_on)
+        z, detail = list(counted.z), list(counted.detail)
         tail = burst_tail(counted, burst, self._carrier, self.tracker.z_on)
         if tail is not None:
             entity.append(tail.entity)
@@ -369,9 +387,12 @@ class JobDiagnoser(Stateful):
                         out.incidents.append(inc.to_v1(self.job))
                     continue
                 cost = self._price(frame, feats, tr.kind, tr.entity, ratio, stages, pace)
+                latent = None
                 if cost.slowdown < _MIN_SLOWDOWN:
-                    continue
-                inc = self._open(tr, frame, feats, ratio, ts, cost)
+                    latent = self._latent(frame, feats, tr.kind, tr.entity, ratio, stages, pace)
+                    if latent is None:
+                        continue
+                inc = self._open(tr, frame, feats, ratio, ts, cost, latent)
                 out.incidents.extend(self._shift_explained(inc, frame.step))
             elif key in touched:
                 continue
@@ -424,6 +445,20 @@ class JobDiagnoser(Stateful):
         return out
 
     # ---- helpers --------------------------------------------------------------------------
+    def _credit_nic(self, entity: list[str], kind: list[str], z: list[float],
+                    recent: dict[tuple[str, str], float]) -> None:
+        """A NIC significant this step takes the costly steps its link and its switch were
+        charged with before it was found (`reconcile.earlier_views`): one flapping NIC's
+        bursts, named by whatever was in flight, are its evidence, not three entities' each
+        short of what confirms."""
+        for e, k, zz in zip(entity, kind, z, strict=True):
+            if k != "link" or not e.startswith("node:") or zz < self.tracker.z_on:
+                continue
+            for key in earlier_views(e, zz, list(self.tracker.costly), recent, self.placement,
+                                     Z_REPORT, far_bar("link") * Z_ON):
+                if (key[1], key[0]) not in self.book.open:
+                    self.tracker.absorb((e, "link"), key)
+
     def _baseline_s(self) -> float:
         b = self.baseline.baseline_s
         return b if np.isfinite(b) else 0.0
@@ -438,8 +473,39 @@ class JobDiagnoser(Stateful):
         if (kind, entity) in self._seen_excess:
             actual = step_span_s(frame)
             return JobCost(actual, max(actual - self._seen_excess[(kind, entity)], 0.0))
+        # an intermittent fault's burst the step before, not priced: its late starts are
+        # this culprit's (a persistent one's may be another fault's, masking it)
+        track = self.tracker.tracks.get((entity, kind))
+        burst_before = track is not None and track.intermittent and any(
+            s == frame.step - 1 for s, _, _ in self.tracker.costly.get((entity, kind), ()))
         return job_cost(frame, feats, kind, entity, ratio, stages, self.topology.group_size,
-                        self.topology.switch_of, self.usual, pace)
+                        self.topology.switch_of, self.usual, pace, burst_before)
+
+    def _latent(self, frame: StepFrame, feats: StepFeatures, kind: str, entity: str,
+                ratio: np.ndarray, stages: tuple[np.ndarray, int], pace: np.ndarray
+                ) -> tuple[str, JobCost] | None:
+        """A confirmed culprit that costs the job nothing, and the open device incident that
+        masks it: the step is the other culprit's (a straggler elsewhere decides it), and
+        this one would cost its share once that one is fixed (`job_cost`'s `masked_by`).
+        It is a fault all the same, one an SRE fixing the other would meet next, so it is
+        paged with that forecast, when it is material. None otherwise. A third replay of a
+        large step costs seconds, so a culprit is forecast again only as often as an
+        incident's evidence is priced (`_evidence`)."""
+        if (kind, entity) in self._seen_excess:
+            return None
+        others = tuple((k, e) for k, e in self.book.open if k not in ("job", "hang"))
+        if not others:
+            return None
+        every = -(-frame.n_ops // self.config.price_ops)
+        self._forecast_at = {k: s for k, s in self._forecast_at.items() if frame.step - s < every}
+        if (kind, entity) in self._forecast_at:
+            return None
+        self._forecast_at[(kind, entity)] = frame.step
+        latent = job_cost(frame, feats, kind, entity, ratio, stages, self.topology.group_size,
+                          self.topology.switch_of, self.usual, pace, masked_by=others)
+        if latent.slowdown < _LATENT_MIN_SLOWDOWN:
+            return None
+        return others[0][1], latent
 
     def _evidence(self, inc: OpenIncident, frame: StepFrame, feats: StepFeatures,
                   ratio: np.ndarray, stages: tuple[np.ndarray, int], pace: np.ndarray) -> None:
@@ -502,6 +568,7 @@ class JobDiagnoser(Stateful):
         ratio: np.ndarray,
         ts: int,
         cost: JobCost,
+        latent: tuple[str, JobCost] | None = None,
     ) -> OpenIncident:
         ranked = [t for t in self.tracker.ranked() if t is not tr][:3]
         scores = [max(tr.mean_z(), 1e-9)] + [max(t.mean_z(), 0.0) for t in ranked]
@@ -520,6 +587,10 @@ class JobDiagnoser(Stateful):
             lost_s, slowdown = share * self._baseline_s(), 1.0 + share
         summary = summarize(tr.kind, tr.entity, tr.detail, lost_s, slowdown, frame, feats,
                             ratio, intermittent=between)
+        if latent is not None:
+            other, later = latent
+            summary += (f"; masked by {other}, which decides the step now: once that is fixed,"
+                        f" ×{later.slowdown:.2f} ({later.lost_s:.2f} s per step)")
         inc = self.book.open_incident(
             tr.kind,
             tr.entity,

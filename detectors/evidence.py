@@ -33,8 +33,16 @@ link between them at half speed costs 6% of the steps it bites). Noise reaches z
 significance four times as high on the same entity, again and again, is no jitter (no
 suspect of the simulator's clean runs reaches it once); a fortieth of a step is the floor
 that keeps a trifle from paging. One costly step alone never does (a GC pause, a slow
-batch). The tests hold the rule to 2,000 steps of ×1.4-per-σ jitter on four ranks; the
-simulator's clean runs hold it to no false incident.
+batch).
+
+For a NIC, a link or a switch, twice z_on (`STRONG`) is that far already (`far_bar`). Their
+significance is the mean over all their transfers in the step, and a burst stalls only those
+in flight: over half a step it reads half what a whole step's does (a NIC at half speed,
+z 14 where 23). Neither a clean run of the simulator nor a drill's recording before its
+fault has an entity at twice z_on in more than one step of 25.
+
+The tests hold the rule to 2,000 steps of ×1.4-per-σ jitter on four ranks; the simulator's
+clean runs hold it to no false incident.
 
 >>> t = EvidenceTracker()
 >>> hit = lambda s, ex: t.update(s, ["node:a"], ["link"], [9.0], [ex], ["slow"], step_s=1.0)
@@ -42,14 +50,18 @@ simulator's clean runs hold it to no false incident.
 >>> [s for s in range(20) if (hit(s, 0.3) if s % 4 == 0 else quiet(s))]  # four of 0.3
 [12, 16]
 >>> t = EvidenceTracker()  # as significant, but each costs little: noise, never confirmed
->>> any(hit(s, 0.05) if s % 4 == 0 else quiet(s) for s in range(40))
+>>> gpu = lambda s, ex: t.update(s, ["rank:3"], ["gpu"], [9.0], [ex], ["slow"], step_s=1.0)
+>>> any(gpu(s, 0.05) if s % 4 == 0 else quiet(s) for s in range(40))
 False
 >>> t = EvidenceTracker()  # two steps in five, 6% of a step each, at z 9: never
->>> any(hit(s, 0.06) if s % 5 < 2 else quiet(s) for s in range(30))
+>>> any(gpu(s, 0.06) if s % 5 < 2 else quiet(s) for s in range(30))
 False
 >>> t = EvidenceTracker()  # the same at z 20, far beyond any noise: the fourth confirms
->>> far = lambda s, ex: t.update(s, ["node:a"], ["link"], [20.0], [ex], ["slow"], step_s=1.0)
+>>> far = lambda s, ex: t.update(s, ["rank:3"], ["gpu"], [20.0], [ex], ["slow"], step_s=1.0)
 >>> [s for s in range(30) if (far(s, 0.06) if s % 5 < 2 else quiet(s))][:1]
+[6]
+>>> t = EvidenceTracker()  # a NIC at z 9: far for a network entity, so the fourth confirms
+>>> [s for s in range(30) if (hit(s, 0.06) if s % 5 < 2 else quiet(s))][:1]
 [6]
 >>> t = EvidenceTracker()  # each stalls the job for 3 steps, once in 8: the second confirms
 >>> [s for s in range(20) if (hit(s, 3.0) if s % 8 == 0 else quiet(s))]
@@ -62,6 +74,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from detectors.base import Stateful
+from detectors.reconcile import NETWORK_KINDS
 
 WINDOW = 5  # steps of memory per suspect
 NEED = 3  # significant steps among them that confirm it
@@ -73,6 +86,12 @@ MINOR_SHARE = 0.1  # ... or this share at STRONG × z_on; or two steps that doub
 STRONG = 2.0
 EXTREME = 4.0  # LONG_MIN_HITS costly steps at this × z_on confirm whatever they cost together
 TRACE_SHARE = 0.025  # ... and cost at this × z_on counts from this share of a step
+
+
+def far_bar(kind: str) -> float:
+    """The multiple of z_on that is far beyond any noise for a suspect of this kind: STRONG
+    for a network entity, whose z a burst over part of a step dilutes (module doc)."""
+    return STRONG if kind in NETWORK_KINDS else EXTREME
 
 
 @dataclass(slots=True)
@@ -147,13 +166,14 @@ class EvidenceTracker(Stateful):
             tr.detail = de
             if zz >= self.z_on:
                 tr.quiet = 0
+                far = far_bar(kd)
                 floor = (MATERIAL_SHARE if zz < STRONG * self.z_on else
-                         MINOR_SHARE if zz < EXTREME * self.z_on else TRACE_SHARE)
+                         MINOR_SHARE if zz < far * self.z_on else TRACE_SHARE)
                 if ex >= floor * step_s:
                     costly = self.costly.setdefault(key, deque(maxlen=LONG_WINDOW))
                     costly.append((step, ex / step_s, zz))
                     recent = [(c, v / self.z_on) for s, c, v in costly if step - s < LONG_WINDOW]
-                    if _intermittent(recent):
+                    if _intermittent(recent, far):
                         intermittent.append(tr)
             else:
                 tr.quiet += 1
@@ -184,6 +204,19 @@ class EvidenceTracker(Stateful):
             out[key] = max(out.get(key, 0.0), max(z for _, _, z in hits))
         return out
 
+    def absorb(self, into: tuple[str, str], other: tuple[str, str]) -> None:
+        """Credit `other`'s costly significant steps to `into` ((entity, kind) keys): the same
+        fault, first seen from another entity (a flapping NIC's bursts named by its link or
+        its switch until a burst named the NIC). Of two in one step, the costlier counts."""
+        moved = self.costly.pop(other, None)
+        if not moved:
+            return
+        by_step: dict[int, tuple[int, float, float]] = {}
+        for hit in [*moved, *self.costly.get(into, ())]:
+            if hit[0] not in by_step or hit[1] > by_step[hit[0]][1]:
+                by_step[hit[0]] = hit
+        self.costly[into] = deque(sorted(by_step.values()), maxlen=LONG_WINDOW)
+
     def burst_share(self, entity: str, kind: str) -> float:
         """The mean share of a usual step that the suspect's costly significant steps cost
         (0 without any): what each burst of an intermittent fault costs the job."""
@@ -196,13 +229,13 @@ class EvidenceTracker(Stateful):
         return sorted(live, key=lambda t: t.mean_z(), reverse=True)
 
 
-def _intermittent(hits: list[tuple[float, float]]) -> bool:
+def _intermittent(hits: list[tuple[float, float]], far: float) -> bool:
     """Do these costly significant steps of one suspect (each the share of a usual step it
     cost, and its z over z_on) confirm an intermittent fault? Several that together cost a
     whole step, several far beyond any noise, or two that each doubled the step."""
     costs = [c for c, _ in hits]
     if len(costs) >= LONG_MIN_HITS and sum(min(c, 1.0) for c in costs) >= 1.0:
         return True
-    if sum(z >= EXTREME for _, z in hits) >= LONG_MIN_HITS:
+    if sum(z >= far for _, z in hits) >= LONG_MIN_HITS:
         return True
     return sum(c >= 1.0 for c in costs) >= 2

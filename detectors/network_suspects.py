@@ -437,7 +437,7 @@ def _burst_carrier(
     lost nearly as much (`_BURST_TIE`): the two ends of a pair's transfers lose the same
     seconds, and a millisecond of noise elsewhere must not pick between them. Two such ends
     name the pipeline link between them, if their transfers have one (the narrowest entity
-    the burst supports, which `reconcile.nic_of_link` reads as its NIC when that NIC was a
+    the burst supports, which `reconcile.nic_of` reads as its NIC when that NIC was a
     suspect just before). Otherwise no entity carries the burst, and `best` keeps its own
     significance (and the twins rule that goes with it)."""
     is_node = np.array([k == "link" and n.size == 1 for k, n in zip(kinds, nodes, strict=True)])

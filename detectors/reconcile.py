@@ -39,13 +39,32 @@ kind through it, which names the NIC; and in the next, only the sends still queu
 which name the link it sent them on: one burst, read as two suspects, each with half of the
 evidence, and an incident on the link if the next burst goes the same way. So a link one of
 whose ends' NIC was a suspect in the steps just before is that NIC seen again
-(`nic_of_link`): its evidence counts for the NIC. Without such an end it stays the link.
+(`nic_of`): its evidence counts for the NIC. Without such an end it stays the link.
 
+>>> where = Placement(switch_of_node={"n0": "s0", "n1": "s0", "n2": "s1", "n3": "s1"})
 >>> recent = {("node:n1", "link"): 6.2, ("node:n3", "link"): 2.9}
->>> nic_of_link("link:n1~n3", "link", recent, bar=2.5)  # n1's NIC, seen again
+>>> nic_of("link:n1~n3", "link", recent, where, bar=2.5, far=16)  # n1's NIC, seen again
 'node:n1'
->>> nic_of_link("link:n0~n2", "link", recent, bar=2.5)  # no end was a suspect
+>>> nic_of("link:n0~n2", "link", recent, where, bar=2.5, far=16)  # no end was a suspect
 'link:n0~n2'
+
+The same burst, when only a stage's all-reduces were in flight, slows every node under the
+stage's leaf switch alike, and names the switch. A switch is read as one of its nodes' NIC
+only when that NIC, or a pipeline link of which it is the one end under the switch, was far
+beyond any noise just before (`far`): a congested switch slows all its nodes, and noise on
+one of them must not take its evidence.
+
+>>> nic_of("switch:s0", "switch", {("link:n0~n2", "link"): 38.0}, where, bar=2.5, far=16)
+'node:n0'
+>>> nic_of("switch:s0", "switch", {("node:n0", "link"): 9.0}, where, bar=2.5, far=16)
+'switch:s0'
+
+Once the NIC is found, the bursts its link and its switch were charged with before are its
+own (`earlier_views`), and count for it.
+
+>>> costly = [("link:n0~n2", "link"), ("switch:s0", "switch"), ("link:n1~n3", "link")]
+>>> earlier_views("node:n0", 38.0, costly, {}, where, bar=2.5, far=16)
+[('link:n0~n2', 'link'), ('switch:s0', 'switch')]
 """
 
 from __future__ import annotations
@@ -118,15 +137,41 @@ def spread_of(candidate: Key, onset: int, open_onsets: Mapping[Key, int]) -> Key
     return min(near)[1] if near else None
 
 
-def nic_of_link(entity: str, kind: str, recent: Mapping[tuple[str, str], float], bar: float
-                ) -> str:
-    """The NIC a pipeline link's slowness belongs to (module doc): of the link's two end
-    nodes, the one whose NIC was a suspect of the steps just before (`recent`: (entity,
-    kind) → its highest recent z, `EvidenceTracker.peaks`: in the evidence window, or a
-    costly step of the last 25; `bar`: the z that lists a suspect at all), the stronger if
-    both were; the link itself if neither was."""
-    if kind != "link" or not entity.startswith("link:"):
+def nic_of(entity: str, kind: str, recent: Mapping[tuple[str, str], float], where: Placement,
+           bar: float, far: float) -> str:
+    """The NIC a pipeline link's or a leaf switch's slowness belongs to (module doc), or the
+    entity itself.
+
+    `recent`: (entity, kind) → its highest recent z (`EvidenceTracker.peaks`: in the evidence
+    window, or a costly step of the last 25). A link is its end whose NIC was a suspect at
+    `bar` (the z that lists a suspect at all), the stronger if both were. A switch is the one
+    node under it whose NIC was at `far`, or that is the one end under it of a link at `far`;
+    with none, or several, it stays the switch."""
+    if kind == "link" and entity.startswith("link:"):
+        ends = [f"node:{n}" for n in entity[5:].split("~")]
+        z, end = max((recent.get((e, "link"), 0.0), e) for e in ends)
+        return end if z >= bar else entity
+    if kind != "switch" or not entity.startswith("switch:"):
         return entity
-    ends = [f"node:{n}" for n in entity[5:].split("~")]
-    z, end = max((recent.get((e, "link"), 0.0), e) for e in ends)
-    return end if z >= bar else entity
+    under = {n for n, s in where.switch_of_node.items() if f"switch:{s}" == entity}
+    found: set[str] = set()
+    for (ent, k), z in recent.items():
+        if k != "link" or z < far or not ent.startswith(("node:", "link:")):
+            continue
+        inside = set(ent[5:].split("~")) & under
+        if len(inside) == 1:
+            found |= inside
+    return f"node:{found.pop()}" if len(found) == 1 else entity
+
+
+def earlier_views(nic: str, z: float, costly: Iterable[tuple[str, str]],
+                  recent: Mapping[tuple[str, str], float], where: Placement, bar: float,
+                  far: float) -> list[tuple[str, str]]:
+    """Of the links and switches with costly steps (`costly`: (entity, kind) tracker keys),
+    those that `nic` (a NIC significant at `z` this step) now shows were itself: `nic_of`
+    reads them as it, with this step's significance added to `recent`."""
+    now = dict(recent)
+    now[(nic, "link")] = max(now.get((nic, "link"), 0.0), z)
+    return [(e, k) for e, k in costly
+            if e != nic and k in NETWORK_KINDS and e.startswith(("link:", "switch:"))
+            and nic_of(e, k, now, where, bar, far) == nic]

@@ -238,6 +238,8 @@ def job_cost(
     switch_of: dict[str, str] | None = None,
     history: UsualStep | None = None,
     pace: np.ndarray | None = None,
+    after_burst: bool = False,
+    masked_by: tuple[tuple[str, str], ...] = (),
 ) -> JobCost:
     """The job's step time with and without `entity`'s excess (`kind` says which excess).
 
@@ -249,7 +251,13 @@ def job_cost(
     instances) and how the culprit's what-if of the step before ended, which this one
     begins with and updates (without it, each rank begins the step as it did); `pace`: (R, 2)
     each rank's compute ratio and idle factor against its own past where its node is alone
-    in its stage (`NodeHistory.observe`), what such a node is priced by, having no peers.
+    in its stage (`NodeHistory.observe`), what such a node is priced by, having no peers;
+    `after_burst`: the step before, not priced, was the culprit's own burst (an intermittent
+    fault's, before its incident opened), so however late a rank began this step is the
+    culprit's too, not only as much as this step's own what-if gives back; `masked_by`:
+    (kind, entity) of other culprits, whose excess both replays leave out: what the culprit
+    would cost once they are fixed (a slow GPU whose step a straggler elsewhere decides
+    costs nothing while the straggler lasts). Each rank then begins the step as it did.
     """
     actual = step_span_s(frame)
     if frame.n_ops == 0 or actual <= 0:
@@ -271,19 +279,33 @@ def job_cost(
     arrival = np.where(late, _earliest_copy_end(frame, inst, skew) - transfer * 1e9, -np.inf)
     same = _Change(np.ones(frame.n_ops), np.ones(frame.n_ops), transfer, arrival)
     line = timeline(frame, feats, skew)
-    change = _change(frame, feats, kind, entity, ratio, stages or stage_keys(frame), same,
-                     typical, switch_of or {}, history, line.lag, pace)
+    stages = stages or stage_keys(frame)
+    change = _change(frame, feats, kind, entity, ratio, stages, same, typical, switch_of or {},
+                     history, line.lag, pace)
+    if masked_by:
+        others = same
+        for other_kind, other in masked_by:
+            others = _both(others, _change(frame, feats, other_kind, other, ratio, stages, same,
+                                           typical, switch_of or {}, history, line.lag, pace))
+        return _cost(actual, replay(frame, line, others),
+                     replay(frame, line, _both(others, change)))
     if history is not None:
         change.origin = history.chained_origins(frame, (kind, entity), skew)
     spans = replay(frame, line, same)
     if history is not None and change.origin is None:
-        lead = spans - replay(frame, line, change)
+        lead = np.full(frame.n_ranks, np.inf) if after_burst else (
+            spans - replay(frame, line, change))
         change.origin = history.first_origins(frame, lead, skew)
     spans_without = replay(frame, line, change)
     if history is not None:
         origin = _origins(frame, skew)
         after = origin if change.origin is None else change.origin
         history.remember(frame, (kind, entity), origin + spans - (after + spans_without))
+    return _cost(actual, spans, spans_without)
+
+
+def _cost(actual: float, spans: np.ndarray, spans_without: np.ndarray) -> JobCost:
+    """The step as it ran, over the slowdown of the two replays (each rank's span, ns)."""
     base = float(np.median(spans))
     what_if = float(np.median(spans_without))
     if base <= 0:
@@ -293,6 +315,15 @@ def job_cost(
     # (`OpenIncident._lose`), so the noise cancels instead of adding up (cost p90 over all
     # runs 6.2% -> 5.0% at 256 GPUs, 31% -> 23% at 1,024; ACCURACY.md, third pass)
     return JobCost(actual, actual * what_if / base)
+
+
+def _both(a: _Change, b: _Change) -> _Change:
+    """Two counterfactuals at once: each culprit's own ops, instances and untraced members
+    as its counterfactual has them (both begin from the step as it ran)."""
+    follow = [f for f in (a.follow, b.follow) if f is not None]
+    return _Change(a.dur * b.dur, a.lag * b.lag, np.minimum(a.transfer_s, b.transfer_s),
+                   np.minimum(a.arrival_ns, b.arrival_ns),
+                   follow=np.union1d(*follow) if len(follow) == 2 else next(iter(follow), None))
 
 
 def step_span_s(frame: StepFrame) -> float:

@@ -62,6 +62,38 @@ def test_a_two_node_jobs_nic_flapping_at_half_speed_is_named_as_their_link():
     assert r.false_device == 0
 
 
+def test_a_flapping_nics_bursts_named_by_its_link_its_switch_and_itself_are_one_nic():
+    """64 GPUs, a NIC at a tenth of its speed in bursts that start anywhere in a step (the
+    `bursts` condition of `flare eval`). Each burst names what was in flight: the pipeline
+    link from the NIC's node, its stage's leaf switch (only all-reduces in flight), or the
+    NIC. Tracked apart, no entity gathered the bursts that confirm an intermittent fault
+    and nothing opened; the link's and the switch's bursts are the NIC's once it is seen."""
+    from flare.eval_conditions import condition_scenarios, parse_conditions
+
+    runs = condition_scenarios(parse_conditions("bursts"), [64], 1, 0, ["flapping_nic"])
+    sc = next(s for _, s in runs if s.fault is not None and s.fault.severity == 10.0)
+    r = run_scenario(sc)
+    assert r.top1 and r.kind_ok, (r.truth_culprit, r.incidents)
+    assert r.false_device == 0
+
+
+def test_a_fault_masked_by_a_straggler_elsewhere_is_paged_with_what_it_will_cost():
+    """32 GPUs, a ×10 straggler and, in another group, a GPU at ×1.5 (the `two_faults`
+    condition). The straggler decides every step, so without the slow GPU the job is no
+    faster: priced alone it costs nothing and was never paged. It is a fault all the same,
+    the one an SRE who fixed the straggler would meet next: it opens, priced with the
+    straggler left out of both replays, and says so."""
+    from flare.eval_conditions import condition_scenarios, parse_conditions
+
+    runs = condition_scenarios(parse_conditions("two_faults"), [32], 1, 0, ["straggler"])
+    sc = next(s for _, s in runs if s.fault is not None and s.fault.severity == 10.0)
+    r = run_scenario(sc)
+    assert r.found_all, r.incidents
+    masked = [i for i in r.incidents if "masked by" in i["summary"]]
+    assert len(masked) == 1 and masked[0]["culprit"] != r.incidents[0]["culprit"], r.incidents
+    assert r.false_device == 0
+
+
 def test_congested_switch_is_named_not_one_of_its_nodes():
     r = run_scenario(_scenario("switch", 2.0, gpus=256))
     assert r.top1 and r.kind_ok, r.incidents

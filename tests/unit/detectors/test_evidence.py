@@ -50,17 +50,20 @@ def test_a_track_without_an_open_incident_is_dropped_once_quiet():
     assert ("rank:2", "gpu") not in tr.tracks
 
 
-def _burst(t: EvidenceTracker, step: int, excess_s: float) -> list:
-    return t.update(step, ["node:a"], ["link"], [9.0], [excess_s], ["slow"], step_s=1.0)
+def _burst(t: EvidenceTracker, step: int, excess_s: float, entity: str = "node:a",
+           kind: str = "link") -> list:
+    return t.update(step, [entity], [kind], [9.0], [excess_s], ["slow"], step_s=1.0)
 
 
 def _quiet(t: EvidenceTracker, step: int) -> list:
     return t.update(step, [], [], [], [], [], step_s=1.0)
 
 
-def _confirmed(bursts: dict[int, float], steps: int) -> list[int]:
+def _confirmed(bursts: dict[int, float], steps: int, entity: str = "node:a",
+               kind: str = "link") -> list[int]:
     t = EvidenceTracker()
-    return [s for s in range(steps) if (_burst(t, s, bursts[s]) if s in bursts else _quiet(t, s))]
+    return [s for s in range(steps)
+            if (_burst(t, s, bursts[s], entity, kind) if s in bursts else _quiet(t, s))]
 
 
 def test_bursts_that_each_stall_the_job_a_whole_step_confirm_on_the_second():
@@ -73,33 +76,42 @@ def test_bursts_that_each_stall_the_job_a_whole_step_confirm_on_the_second():
 
 
 def test_small_frequent_bursts_confirm_once_they_cost_a_whole_step_together():
-    # a NIC at half speed for two steps in eight: 0.2 of a step each, far beyond any jitter
+    # a GPU that stalls two steps in eight: 0.2 of a step each, at z 9
     bursts = {s: 0.2 for s in range(40) if s % 8 in (0, 1)}
-    assert _confirmed(bursts, 40)[0] == 16  # 0, 1, 8, 9, 16: a whole step in all
+    assert _confirmed(bursts, 40, "rank:3", "gpu")[0] == 16  # 0, 1, 8, 9, 16: a whole step
     # the same bursts spread further apart never cost a step within the window
-    assert _confirmed({s: 0.2 for s in range(0, 200, 9)}, 200) == []
+    assert _confirmed({s: 0.2 for s in range(0, 200, 9)}, 200, "rank:3", "gpu") == []
+    # a NIC's, at z 9, is far beyond any noise for a network entity: the fourth confirms
+    assert _confirmed(bursts, 40)[0] == 9
 
 
 def test_extreme_bursts_confirm_though_together_they_cost_less_than_a_step():
-    """A NIC at half speed one step in six in a 1,024-GPU job: its transfers take 0.15 of a
-    step more, far beyond any jitter (z 20), but five such steps within LONG_WINDOW cost
-    under a step. Four of them confirm it; as many at an ordinary z (9) never do."""
-    from detectors.evidence import EXTREME, LONG_MIN_HITS
+    """A NIC at half speed one step in six in a 1,024-GPU job: its transfers take 0.05 of a
+    step more, far beyond any jitter, but five such steps within LONG_WINDOW cost under a
+    step. Four of them confirm it: at z 20, and at z 9 too, which a burst over part of a
+    step dilutes a NIC's z to (`far_bar`). A GPU's z 9, as often, never does; its z 20
+    does."""
+    from detectors.evidence import EXTREME, LONG_MIN_HITS, STRONG
 
-    def confirmed(z: float) -> list[int]:
+    def confirmed(z: float, entity: str = "node:a", kind: str = "link") -> list[int]:
         t = EvidenceTracker()
         return [s for s in range(60) if (
-            t.update(s, ["node:a"], ["link"], [z], [0.15], ["slow"], step_s=1.0) if s % 6 == 0
+            t.update(s, [entity], [kind], [z], [0.05], ["slow"], step_s=1.0) if s % 6 == 0
             else _quiet(t, s))]
 
-    assert confirmed(EXTREME * Z_ON + 4.0)[0] == 6 * (LONG_MIN_HITS - 1)
-    assert confirmed(9.0) == []
+    fourth = 6 * (LONG_MIN_HITS - 1)
+    assert confirmed(EXTREME * Z_ON + 4.0)[0] == fourth
+    assert confirmed(STRONG * Z_ON + 1.0)[0] == fourth
+    assert confirmed(STRONG * Z_ON - 1.0) == []
+    assert confirmed(STRONG * Z_ON + 1.0, "rank:3", "gpu") == []
+    assert confirmed(EXTREME * Z_ON + 4.0, "rank:3", "gpu")[0] == fourth
 
 
 def test_one_costly_step_or_cheap_ones_never_confirm():
     assert _confirmed({5: 5.0}, 40) == []  # one long pause: a GC, a slow batch
     assert _confirmed({5: 0.95, 30: 0.95, 55: 0.95}, 80) == []  # each far from the next
-    assert _confirmed({s: 0.09 for s in range(0, 40, 3)}, 40) == []  # below MINOR_SHARE
+    assert _confirmed({s: 0.09 for s in range(0, 40, 3)}, 40, "rank:3", "gpu") == []  # cheap
+    assert _confirmed({s: 0.02 for s in range(0, 40, 3)}, 40) == []  # under TRACE_SHARE
     assert _confirmed({3: 0.6, 9: 0.6}, 40) == []  # two, neither doubled the step
     # a persistent fault is confirmed the usual way, and is no intermittent one
     t = EvidenceTracker()
@@ -123,7 +135,7 @@ def test_an_intermittent_incident_outlasts_the_quiet_between_its_bursts():
 def test_a_burst_is_remembered_as_a_recent_suspect_until_the_long_window_is_over():
     """A NIC's burst at step 0 (z 9, a whole step lost) and quiet after: its track is dropped
     after the window, but a burst on its pipeline link 10 steps later must still find it a
-    recent suspect (`reconcile.nic_of_link`), and 25 steps later no more."""
+    recent suspect (`reconcile.nic_of`), and 25 steps later no more."""
     t = EvidenceTracker()
     _burst(t, 0, 1.0)
     for s in range(1, 11):
@@ -133,3 +145,26 @@ def test_a_burst_is_remembered_as_a_recent_suspect_until_the_long_window_is_over
     for s in range(11, 26):
         _quiet(t, s)
     assert ("node:a", "link") not in t.peaks()
+
+
+def test_a_nic_takes_the_costly_steps_its_link_was_charged_with_before_it_was_found():
+    """Two bursts read as a pipeline link, then one as the NIC at its end: the link's costly
+    steps become the NIC's (`absorb`), and with a fourth burst the NIC is confirmed, where
+    apart neither entity ever gathered the four an intermittent fault needs."""
+    t = EvidenceTracker()
+    far = 20.0
+    for s, ent in ((0, "link:a~b"), (6, "link:a~b"), (12, "node:a")):
+        t.update(s, [ent], ["link"], [far], [0.3], ["slow"], step_s=1.0)
+    t.absorb(("node:a", "link"), ("link:a~b", "link"))
+    assert [s for s, _, _ in t.costly[("node:a", "link")]] == [0, 6, 12]
+    assert ("link:a~b", "link") not in t.costly
+    confirmed = t.update(18, ["node:a"], ["link"], [far], [0.3], ["slow"], step_s=1.0)
+    assert [c.entity for c in confirmed] == ["node:a"]
+
+
+def test_absorbing_keeps_one_hit_per_step_the_costlier():
+    t = EvidenceTracker()
+    t.update(3, ["link:a~b", "node:a"], ["link", "link"], [20.0, 20.0], [0.5, 0.2], ["", ""],
+             step_s=1.0)
+    t.absorb(("node:a", "link"), ("link:a~b", "link"))
+    assert list(t.costly[("node:a", "link")]) == [(3, 0.5, 20.0)]

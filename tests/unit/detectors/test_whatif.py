@@ -52,6 +52,22 @@ def test_slack_absorbs_an_excess_that_is_off_the_critical_path():
     assert cost.slowdown == pytest.approx(1.0, abs=1e-3)
 
 
+def test_an_excess_masked_by_another_culprit_costs_its_share_once_that_one_is_gone():
+    """Four ranks: rank 3 computes 25 ms where its peers take 10, and rank 2 computes 15. The
+    all-reduce waits for rank 3: without rank 2's excess alone the job is no faster; with
+    rank 3 taken out of both replays (`masked_by`), rank 2's 5 ms are what it decides."""
+    frame = _allreduce_step([10.0, 10.0, 15.0, 25.0])
+    feats = step_features(frame)
+    stages = stage_keys(frame)
+    ratio = compute_ratio(frame, feats, stages)
+    alone = job_cost(frame, feats, "gpu", "rank:2", ratio, stages)
+    assert alone.slowdown == pytest.approx(1.0, abs=1e-3)
+    latent = job_cost(frame, feats, "gpu", "rank:2", ratio, stages,
+                      masked_by=(("gpu", "rank:3"),))
+    # without rank 3: a 45 ms step (15 + 5 + 20 + 5); without both: 40 ms
+    assert latent.slowdown == pytest.approx(45.0 / 40.0, rel=1e-3)
+
+
 def test_a_slow_nic_costs_its_transfers_beyond_the_typical_ones():
     """Four pairs all-reduce across nodes with 5 ms transfers; node n3's pair takes 25 ms.
     Every rank then waits for the next all-reduce, which n3 holds up by 20 ms."""
