@@ -474,10 +474,14 @@ class JobDiagnoser(Stateful):
             actual = step_span_s(frame)
             return JobCost(actual, max(actual - self._seen_excess[(kind, entity)], 0.0))
         # an intermittent fault's burst the step before, not priced: its late starts are
-        # this culprit's (a persistent one's may be another fault's, masking it)
+        # this culprit's, unless another fault is open (a persistent culprit's step before,
+        # or one while another incident is open, may be that other fault's: a throttled
+        # rank's doubled steps, charged to a pipeline link as bursts, priced it ×3)
         track = self.tracker.tracks.get((entity, kind))
-        burst_before = track is not None and track.intermittent and any(
-            s == frame.step - 1 for s, _, _ in self.tracker.costly.get((entity, kind), ()))
+        burst_before = (
+            track is not None and track.intermittent
+            and not any(k not in ("job", "hang") for k, _ in self.book.open)
+            and any(s == frame.step - 1 for s, _, _ in self.tracker.costly.get((entity, kind), ())))
         return job_cost(frame, feats, kind, entity, ratio, stages, self.topology.group_size,
                         self.topology.switch_of, self.usual, pace, burst_before)
 

@@ -221,3 +221,14 @@ def test_a_throttled_rank_on_a_dark_node_of_two_is_named_by_that_node():
         "node-dark-two-nodes-throttled-dark-rank7.jsonl.gz")
     assert (kind, culprit) == ("gpu", "node:node-1")
     assert DEFAULT_ONSET - 1 <= opened <= DEFAULT_ONSET + 2
+
+
+def test_a_throttled_ranks_doubled_steps_are_not_a_flapping_links_bursts():
+    """Rank 2 held to a tenth of a core (all ranks traced, a CI machine under load): its
+    steps ran ×2.5–3.7 the usual, and on one of them a pipeline link it sends on was barely
+    significant (z 5.7, behind the rank's 15.7). That step's lost seconds were charged to the
+    link as a burst, the next doubled step as its tail, and two such steps confirmed a
+    "flapping" link beside the rank. A step that doubled with a device suspect showing half
+    of its loss is that device's, not a burst of the network's."""
+    assert [(k, c) for _o, k, c in _device_incidents("all-throttled-rank2-link-bursts.jsonl.gz")
+            ] == [("gpu", "rank:2")]
