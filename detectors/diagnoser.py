@@ -480,10 +480,14 @@ class JobDiagnoser(Stateful):
         track = self.tracker.tracks.get((entity, kind))
         burst_before = (
             track is not None and track.intermittent
-            and not any(k not in ("job", "hang") for k, _ in self.book.open)
+            and not self._open_devices()
             and any(s == frame.step - 1 for s, _, _ in self.tracker.costly.get((entity, kind), ())))
         return job_cost(frame, feats, kind, entity, ratio, stages, self.topology.group_size,
                         self.topology.switch_of, self.usual, pace, burst_before)
+
+    def _open_devices(self) -> tuple[tuple[str, str], ...]:
+        """(kind, culprit) of the open device incidents: not a job-wide shift, not a hang."""
+        return tuple(k for k in self.book.open if k[0] not in ("job", "hang"))
 
     def _latent(self, frame: StepFrame, feats: StepFeatures, kind: str, entity: str,
                 ratio: np.ndarray, stages: tuple[np.ndarray, int], pace: np.ndarray
@@ -497,7 +501,7 @@ class JobDiagnoser(Stateful):
         incident's evidence is priced (`_evidence`)."""
         if (kind, entity) in self._seen_excess:
             return None
-        others = tuple((k, e) for k, e in self.book.open if k not in ("job", "hang"))
+        others = self._open_devices()
         if not others:
             return None
         every = -(-frame.n_ops // self.config.price_ops)
