@@ -33,7 +33,11 @@ link between them at half speed costs 6% of the steps it bites). Noise reaches z
 significance four times as high on the same entity, again and again, is no jitter (no
 suspect of the simulator's clean runs reaches it once); a fortieth of a step is the floor
 that keeps a trifle from paging. One costly step alone never does (a GC pause, a slow
-batch).
+batch), with one exception: a NIC far beyond noise whose one step cost the job `LONE_STALL`
+usual steps (the step ×3). A NIC is one entity, its transfers stalled that long are no
+jitter, and a NIC flapping for seconds may burst again only several steps later (the drills'
+2 s on, 2 s off at 0.5 s steps: 4-5 steps). A pipeline link's or a switch's one burst cannot
+tell which NIC it was, and a GPU's or a host's may be a GC pause: those wait for a second.
 
 For a NIC, a link or a switch, twice z_on (`STRONG`) is that far already (`far_bar`). Their
 significance is the mean over all their transfers in the step, and a burst stalls only those
@@ -63,9 +67,12 @@ False
 >>> t = EvidenceTracker()  # a NIC at z 9: far for a network entity, so the fourth confirms
 >>> [s for s in range(30) if (hit(s, 0.06) if s % 5 < 2 else quiet(s))][:1]
 [6]
->>> t = EvidenceTracker()  # each stalls the job for 3 steps, once in 8: the second confirms
->>> [s for s in range(20) if (hit(s, 3.0) if s % 8 == 0 else quiet(s))]
+>>> t = EvidenceTracker()  # each stalls the job 1.5 steps, once in 8: the second confirms
+>>> [s for s in range(20) if (hit(s, 1.5) if s % 8 == 0 else quiet(s))]
 [8, 16]
+>>> t = EvidenceTracker()  # a NIC's one burst costing the job two steps: the first
+>>> [s for s in range(20) if (hit(s, 2.0) if s % 8 == 0 else quiet(s))]
+[0, 8, 16]
 """
 
 from __future__ import annotations
@@ -74,7 +81,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from detectors.base import Stateful
-from detectors.reconcile import NETWORK_KINDS
+from detectors.reconcile import NETWORK_KINDS, is_nic
 
 WINDOW = 5  # steps of memory per suspect
 NEED = 3  # significant steps among them that confirm it
@@ -85,6 +92,7 @@ MATERIAL_SHARE = 0.25  # each at least this share of a step at z_on ...
 MINOR_SHARE = 0.1  # ... or this share at STRONG × z_on; or two steps that doubled the step
 STRONG = 2.0
 EXTREME = 4.0  # LONG_MIN_HITS costly steps at this × z_on confirm whatever they cost together
+LONE_STALL = 2.0  # usual steps one NIC's step far beyond noise must cost to confirm it
 TRACE_SHARE = 0.025  # ... and cost at this × z_on counts from this share of a step
 
 
@@ -173,7 +181,7 @@ class EvidenceTracker(Stateful):
                     costly = self.costly.setdefault(key, deque(maxlen=LONG_WINDOW))
                     costly.append((step, ex / step_s, zz))
                     recent = [(c, v / self.z_on) for s, c, v in costly if step - s < LONG_WINDOW]
-                    if _intermittent(recent, far):
+                    if _intermittent(recent, far, lone=is_nic(ent, kd)):
                         intermittent.append(tr)
             else:
                 tr.quiet += 1
@@ -229,13 +237,16 @@ class EvidenceTracker(Stateful):
         return sorted(live, key=lambda t: t.mean_z(), reverse=True)
 
 
-def _intermittent(hits: list[tuple[float, float]], far: float) -> bool:
+def _intermittent(hits: list[tuple[float, float]], far: float, lone: bool = False) -> bool:
     """Do these costly significant steps of one suspect (each the share of a usual step it
     cost, and its z over z_on) confirm an intermittent fault? Several that together cost a
-    whole step, several far beyond any noise, or two that each doubled the step."""
+    whole step, several far beyond any noise, two that each doubled the step, or (`lone`: a
+    NIC) one far beyond noise that cost `LONE_STALL` steps."""
     costs = [c for c, _ in hits]
     if len(costs) >= LONG_MIN_HITS and sum(min(c, 1.0) for c in costs) >= 1.0:
         return True
     if sum(z >= far for _, z in hits) >= LONG_MIN_HITS:
+        return True
+    if lone and any(c >= LONE_STALL and z >= far for c, z in hits):
         return True
     return sum(c >= 1.0 for c in costs) >= 2

@@ -77,6 +77,12 @@ Key = tuple[str, str]  # (kind, entity), the incident book's key
 NETWORK_KINDS = ("link", "switch")
 
 
+def is_nic(entity: str, kind: str) -> bool:
+    """Is this suspect a node's NIC (the `link` kind on a node), one entity, where a pipeline
+    link has two ends a burst cannot tell apart and a switch has every node under it?"""
+    return kind == "link" and entity.startswith("node:")
+
+
 @dataclass(slots=True)
 class Placement:
     """Where ranks and nodes sit, as far as the job's data has shown it."""

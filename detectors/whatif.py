@@ -17,7 +17,8 @@ the collectives it shares with other nodes (`clocks`):
 - a compute op lasts its duration;
 - a collective or p2p instance ends when its last member arrives, plus its transfer (the
   shortest copy: the last arriver's; a buffered send's as its receiver saw it, `p2p`);
-  every copy ends then;
+  every copy ends then, plus as much later as it ended as the step ran (its tail: a NIC
+  slow one way delays its partners' data, not its own);
 - a member that is not traced arrives when the instance's traced copies say it did (their
   end less the transfer), unless it is the culprit.
 
@@ -25,7 +26,8 @@ The counterfactual changes only the culprit's part: a GPU's compute at its tenso
 peers' typical time (they compute the same data), a node's (or a GPU's without traced
 peers) at its stage peers' typical time times the load of its data replica in this step
 (sequence lengths differ by replica and step), a starved host's lags too, a NIC's, link's
-or switch's transfers at the usual transfer of their kind. Untraced members arrive with
+or switch's transfers at the usual transfer of their kind, and the copies they reached
+late without their tails. Untraced members arrive with
 the traced ones when they may be the culprit (an untraced culprit, a node's untraced GPUs,
 the far end of a slow link), and otherwise as much earlier as the culprit is ahead without
 its excess by then: a traced GPU's untraced peers and pipeline neighbours were late by
@@ -225,6 +227,9 @@ class _Change:
     # (ranks,) a traced culprit's: untraced members' set arrivals move as much earlier as
     # its own excess puts it ahead by then (`_followed_arrival`; None: they keep them)
     follow: np.ndarray | None = None
+    # (I,) bool: instances whose copies that ended after the instance (`_Timeline.tail`)
+    # waited on the culprit's data: they end with it; None: every late copy as it ran
+    cut_late: np.ndarray | None = None
 
 
 def job_cost(
@@ -278,7 +283,7 @@ def job_cost(
     transfer = np.where(late, typical, inst.transfer_s)
     arrival = np.where(late, _earliest_copy_end(frame, inst, skew) - transfer * 1e9, -np.inf)
     same = _Change(np.ones(frame.n_ops), np.ones(frame.n_ops), transfer, arrival)
-    line = timeline(frame, feats, skew)
+    line = timeline(frame, feats, skew, transfer, arrival)
     stages = stages or stage_keys(frame)
     change = _change(frame, feats, kind, entity, ratio, stages, same, typical, switch_of or {},
                      history, line.lag, pace)
@@ -321,9 +326,11 @@ def _both(a: _Change, b: _Change) -> _Change:
     """Two counterfactuals at once: each culprit's own ops, instances and untraced members
     as its counterfactual has them (both begin from the step as it ran)."""
     follow = [f for f in (a.follow, b.follow) if f is not None]
+    cuts = [c for c in (a.cut_late, b.cut_late) if c is not None]
     return _Change(a.dur * b.dur, a.lag * b.lag, np.minimum(a.transfer_s, b.transfer_s),
                    np.minimum(a.arrival_ns, b.arrival_ns),
-                   follow=np.union1d(*follow) if len(follow) == 2 else next(iter(follow), None))
+                   follow=np.union1d(*follow) if len(follow) == 2 else next(iter(follow), None),
+                   cut_late=np.logical_or(*cuts) if len(cuts) == 2 else next(iter(cuts), None))
 
 
 def step_span_s(frame: StepFrame) -> float:
@@ -435,8 +442,10 @@ def _change(
         usual = np.where(np.isfinite(usual), usual,
                          np.where(np.isfinite(elsewhere), elsewhere, typical))
         transfer[hit] = np.minimum(transfer[hit], usual[hit])
-        # a slow transfer to a member that is not traced reads as that member arriving late
-        return _Change(same.dur, same.lag, transfer, _with_traced(same.arrival_ns))
+        # a slow transfer to a member that is not traced reads as that member arriving late;
+        # the copies that ended after the rest had waited on the slow transfer's data
+        return _Change(same.dur, same.lag, transfer, _with_traced(same.arrival_ns),
+                       cut_late=hit)
     if what == "rank" and name.isdigit():
         ranks = np.flatnonzero(frame.rank == int(name))
     elif what == "node" and kind != "gpu":  # a gpu on a node: one of its untraced GPUs
@@ -649,17 +658,29 @@ class _Timeline:
     lag: np.ndarray  # (N,) ns from the predecessor's end (or the rank's begin) to the start
     end: np.ndarray  # (N,) ns, as it ran
     origin: np.ndarray  # (R,) when each rank began the step (`_origins`)
+    inst: np.ndarray  # (N,) each op's instance (-1: compute)
+    # (N,) ns each copy ended after its instance's end as the model has it (its last
+    # member's start plus its transfer; 0 for compute and copies that ended before it): one
+    # member's data can arrive long after the others' (a NIC slow one way only: its copy on
+    # the far side ends last). Copies that ended early are not kept early: a buffered send
+    # returns before its data arrives, but a node clock that a burst's late copies put
+    # off reads as early too, and a what-if that keeps them early priced the drills' steady
+    # NICs 12-46% high (0-19% without them)
+    tail: np.ndarray
     perm: np.ndarray  # (N,) the op at each position of the settling order
     pred_p: np.ndarray  # (N,) position of the op each op follows on its rank (-1: none)
     windows: list[tuple[int, int, _Copies]]  # (start, end, copies from `at` on) positions
     copies: _Copies  # every copy's position, for the last pass over all ops
 
 
-def timeline(frame: StepFrame, feats: StepFeatures, skew_ns: np.ndarray) -> _Timeline:
+def timeline(frame: StepFrame, feats: StepFeatures, skew_ns: np.ndarray,
+             transfer_s: np.ndarray, arrival_ns: np.ndarray) -> _Timeline:
     """The step as it ran on one clock (node offsets `skew_ns`), and its settling order: the
     ops in windows of time holding about one op per rank each, in the order they ended (an
     instance's copies at its last copy's end, so that they share a window), each window
-    with its compute ops first and then its copies grouped by instance."""
+    with its compute ops first and then its copies grouped by instance. `transfer_s`,
+    `arrival_ns`: (I,) each instance's transfer and its untraced members' arrival, which
+    with its members' starts give the end each copy's tail is measured from."""
     ri = frame.op_rank_index()
     start = frame.op_start_ns.astype(np.float64)
     dur = frame.op_dur_ns.astype(np.float64)
@@ -692,8 +713,16 @@ def timeline(frame: StepFrame, feats: StepFeatures, skew_ns: np.ndarray) -> _Tim
         k = lo + int(np.searchsorted(inst_p[lo:hi] >= 0, True))  # compute ops come first
         windows.append((lo, hi, _Copies.of(inst_p[k:hi], k)))
     at = np.flatnonzero(inst_p >= 0)
-    return _Timeline(ri, dur, lag, end, origin, perm, pred_p, windows,
-                     _Copies.of(inst_p[at], at))
+    copies = _Copies.of(inst_p[at], at)
+    # each instance's copies lie together (they share a window): its last member's start
+    # by one reduce over them, and each copy's tail from the end the model gives it
+    tail = np.zeros(frame.n_ops)
+    if at.size:
+        end_p = end[perm][at]
+        last = np.maximum.reduceat(end_p - dur[perm][at], copies.heads)
+        modelled = np.maximum(last, arrival_ns[copies.inst]) + transfer_s[copies.inst] * 1e9
+        tail[perm[at]] = np.maximum(end_p - np.repeat(modelled, copies.width), 0.0)
+    return _Timeline(ri, dur, lag, end, origin, inst_of, tail, perm, pred_p, windows, copies)
 
 
 def replay(frame: StepFrame, line: _Timeline, change: _Change) -> np.ndarray:
@@ -711,8 +740,11 @@ def replay(frame: StepFrame, line: _Timeline, change: _Change) -> np.ndarray:
     origin = line.origin if change.origin is None else change.origin
     arrival = _followed_arrival(ri, end, dur * (1.0 - change.dur) + lag0 * (1.0 - change.lag),
                                 line.origin - origin, change.arrival_ns, change.follow)
+    tail = line.tail if change.cut_late is None else np.where(
+        change.cut_late[np.maximum(line.inst, 0)] & (line.inst >= 0), 0.0, line.tail)
     step = _Relax(line.pred_p, origin[ri[perm]], (lag0 * change.lag)[perm],
-                  (dur * change.dur)[perm], arrival, change.transfer_s * 1e9, end[perm])
+                  (dur * change.dur)[perm], arrival, change.transfer_s * 1e9, tail[perm],
+                  end[perm])
     rounds = 2 * int(np.diff(frame.off).max(initial=0)) + 8
     for lo, hi, copies in line.windows:
         step.settle(slice(lo, hi), copies, rounds)
@@ -731,7 +763,7 @@ class _Relax:
     """The replay's ops in settling order and their ends so far (`new_end`, ns on the
     replay's clock): an op starts at its predecessor's end (or its rank's origin) plus its
     lag and lasts its duration; an instance's copies all end at its last member's start (or
-    its untraced members' arrival) plus its transfer."""
+    its untraced members' arrival) plus its transfer, each plus its own tail."""
 
     pred: np.ndarray  # (N,) position of the op each op follows on its rank (-1: none)
     first: np.ndarray  # (N,) when the op's rank begins the step
@@ -739,6 +771,7 @@ class _Relax:
     dur: np.ndarray  # (N,)
     arrival: np.ndarray  # (I,)
     transfer_ns: np.ndarray  # (I,)
+    tail: np.ndarray  # (N,)
     new_end: np.ndarray  # (N,)
 
     def settle(self, ops: slice, copies: _Copies, rounds: int) -> None:
@@ -747,7 +780,7 @@ class _Relax:
         pred = self.pred[ops]
         has = pred >= 0
         pred = np.maximum(pred, 0)
-        first, lag, dur = self.first[ops], self.lag[ops], self.dur[ops]
+        first, lag, dur, tail = self.first[ops], self.lag[ops], self.dur[ops], self.tail[ops]
         at = copies.at - ops.start  # relative to the window
         grouped = slice(at, None) if isinstance(at, int) else at
         arrival, transfer = self.arrival[copies.inst], self.transfer_ns[copies.inst]
@@ -756,7 +789,7 @@ class _Relax:
             e = s + dur
             if copies.heads.size:
                 last = np.maximum(np.maximum.reduceat(s[grouped], copies.heads), arrival)
-                e[grouped] = np.repeat(last + transfer, copies.width)
+                e[grouped] = np.repeat(last + transfer, copies.width) + tail[grouped]
             moved = float(np.max(np.abs(e - self.new_end[ops]))) if e.size else 0.0
             self.new_end[ops] = e
             if moved < _CONVERGED_NS:

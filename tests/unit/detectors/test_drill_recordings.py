@@ -152,6 +152,7 @@ def test_a_nic_of_a_two_node_job_is_named_as_the_link_between_them():
 
 
 FLAP_ONSET = DEFAULT_ONSET  # the flapping drills' first step under the limit (2 s on, 2 s off)
+# (the limit begins during the step before: its first burst may page in it, latency -1)
 
 
 def test_a_flapping_nic_is_its_nic_not_the_link_its_queued_sends_took():
@@ -172,7 +173,7 @@ def test_a_flapping_nic_is_named_on_its_first_burst_when_it_stalls_two_steps():
     went unnamed or named one step each, 27 steps apart: it was never paged."""
     [(opened, kind, culprit)] = _device_incidents("flapping-nic-node-1.jsonl.gz")
     assert (kind, culprit) == ("link", "node:node-1")
-    assert FLAP_ONSET <= opened <= FLAP_ONSET + 2
+    assert FLAP_ONSET - 1 <= opened <= FLAP_ONSET + 2
 
 
 def test_a_flapping_nic_seen_as_its_pipeline_link_bursts_later_is_still_its_nic():
@@ -187,10 +188,11 @@ def test_a_flapping_nic_seen_as_its_pipeline_link_bursts_later_is_still_its_nic(
     transfers carry the second the step lost: paged at the second burst (48), not the
     fourth. The step after the first burst took 1.07 s against 0.33 with no suspect at all,
     the pipeline draining the stall: that is the burst's tail, charged to node-1
-    (`burst_evidence.burst_tail`), and the first burst pages."""
+    (`burst_evidence.burst_tail`), and the first burst pages: in the step it began, as its
+    NIC alone cost the job over two steps there (`evidence.LONE_STALL`)."""
     [(opened, kind, culprit)] = _device_incidents("flapping-nic-node-1-bursts-apart.jsonl.gz")
     assert (kind, culprit) == ("link", "node:node-1")
-    assert opened == FLAP_ONSET
+    assert FLAP_ONSET - 1 <= opened <= FLAP_ONSET
     [summary] = [i.summary for i in diagnose_messages(recording_messages(
         str(DRILLS / "flapping-nic-node-1-bursts-apart.jsonl.gz"))).incidents.values()
         if i.kind == "link"]
@@ -207,7 +209,7 @@ def test_a_burst_whose_data_arrived_late_is_named_by_what_the_receivers_waited()
     first burst pages."""
     [(opened, kind, culprit)] = _device_incidents("flapping-nic-node-0-burst-data-late.jsonl.gz")
     assert (kind, culprit) == ("link", "node:node-0")
-    assert opened == FLAP_ONSET
+    assert FLAP_ONSET - 1 <= opened <= FLAP_ONSET
 
 
 def test_a_throttled_rank_on_a_dark_node_of_two_is_named_by_that_node():

@@ -87,6 +87,37 @@ def test_a_slow_nic_costs_its_transfers_beyond_the_typical_ones():
     assert _cost(frame, "link", "node:n1").lost_s == pytest.approx(0.0, abs=1e-5)
 
 
+def test_a_nic_slow_one_way_costs_the_copy_that_waited_on_its_data():
+    """Four pairs all-reduce across nodes three times, 5 ms each, computing 10 ms before
+    the third, then everyone all-reduces once more. Node n3's NIC is slow only sending, and
+    only during the second: its own copy ends after 5 ms, its partner's on n7 after 45, when
+    n3's data arrives. Rank 7 computes late, its pair's third all-reduce waits on it, and so
+    does everyone's last. The shortest copy says the slow transfer took 5 ms: replayed with
+    every copy ending there, the step as it ran was 36 ms and the NIC cost nothing. The step
+    took 76 ms and would have taken 36: the job loses 40 ms."""
+    msgs = []
+    for pair in range(4):
+        for side in range(2):
+            r = 2 * pair + side
+            took = 45.0 if (pair, side) == (3, 1) else 5.0
+            third = 70.0 if pair == 3 else 30.0  # the pair's later arrival at the third
+            ops = [("compute", "fwd", "", 0, 0.0, 10.0, 0),
+                   ("coll", "all_reduce", f"dp.{pair}", 1, 10.0, 5.0, 1024),
+                   ("coll", "all_reduce", f"dp.{pair}", 2, 15.0, took, 1024),
+                   ("compute", "bwd", "", 0, 15.0 + took, 10.0, 0),
+                   ("coll", "all_reduce", f"dp.{pair}", 3, 25.0 + took, third - 20.0 - took,
+                    1024),
+                   ("coll", "all_reduce", "world.0", 1, third + 5.0, 71.0 - third, 64)]
+            msgs.append(rank_step(r, f"n{pair if side == 0 else pair + 4}", 0, ops))
+    frame = frame_of(msgs)
+    cost = _cost(frame, "link", "node:n3")
+    assert cost.actual_s == pytest.approx(0.076)
+    assert cost.lost_s == pytest.approx(0.040, abs=1e-3)
+    # replayed as it ran, the step is the step as it ran: a NIC that carries none of the
+    # slow transfers costs nothing
+    assert _cost(frame, "link", "node:n1").lost_s == pytest.approx(0.0, abs=1e-5)
+
+
 def test_an_untraced_culprit_costs_the_waits_of_the_traced_members_on_it():
     """Four tp groups of 2, one rank of each traced; rank 1 (untraced) arrives 30 ms late
     to tp.0, so rank 0's copy lasts 35 ms where the others' last 5, and the data-parallel
