@@ -78,6 +78,7 @@ from schemas.report import Detection, DiagnoserOutput, StepReport
 from schemas.wire import HeartbeatV1, IncidentV1, JobV1, Suspect
 
 _MEMBERSHIP_EVERY = 10  # relearn group membership every N steps (it rarely changes)
+_CLOCKS_EVERY = 4  # read the node clocks every N healthy steps (a tenth of a step's work)
 # A confirmed device candidate opens an incident only if the job would be faster without it
 # (the what-if replay, by 0.1%): one that costs nothing is no page, however significant. A
 # drill's loaded machine confirmed a NIC from +4-10 ms of its tiny transfers on four steps
@@ -325,12 +326,14 @@ class JobDiagnoser(Stateful):
             self.usual.update(frame, feats)
         else:
             self.transfers.drop_recent()
+        burst = burst_of(step_time, irr.baseline_s, irr.z) if self.steps_seen > WARMUP else None
         if not self.book.open:
             self.usual.update_starts(frame)
-        burst = burst_of(step_time, irr.baseline_s, irr.z) if self.steps_seen > WARMUP else None
+            if burst is None and self.steps_seen % _CLOCKS_EVERY == 0:
+                self.usual.learn_clocks(frame, feats)
         cands = step_suspects(
             frame, feats, ratio, self.topology, ref, self.noise, stages, self.waits, own, burst,
-            self.two_stages,
+            self.two_stages, self.usual.clocks_of(frame) if burst is not None else None,
         )
         self._seen_excess = _untraced_excess(frame, feats, cands, self.topology.group_size)
         if any(k in NETWORK_KINDS and z >= EXTREME * Z_ON

@@ -219,12 +219,14 @@ def network_suspects(
     out: Candidates,
     own: OwnPast | None = None,
     burst: Burst | None = None,
+    clocks_ns: np.ndarray | None = None,
 ) -> None:
     """Add the step's `link` (NIC or node pair) and `switch` suspects to `out`; `full_ref` is
     `transfer_reference(feats.inst)`, `own` each instance's own past
     (`TransferHistory.reference`), `burst` the step if it at least doubled (`burst_of`): the
     first entity found, if it stands out by a σ at least (`_BURST_MIN_Z`), is then as
-    significant as the step, in the share of its lost seconds that its slow transfers carry.
+    significant as the step, in the share of its lost seconds that its slow transfers carry
+    (read on `clocks_ns`, the nodes' clocks as the healthy steps showed them, when known).
 
     An instance its step cannot compare is judged by its own past alone; one with both must
     be slow against both (few peers make the step's comparison fragile, and a job-wide
@@ -347,7 +349,7 @@ def network_suspects(
         z = score[best] / float(np.median(s_each[ii[ie == best]]))
         share = 0.0  # of a burst's lost seconds that `best` carries, alone
         if burst is not None and round_no == 0 and z >= _BURST_MIN_Z:
-            extra = _delivered_extra(frame, inst, idx, ref, s_pool, ie, ii, n_ent)
+            extra = _delivered_extra(frame, inst, idx, ref, s_pool, ie, ii, n_ent, clocks_ns)
             best, share = _burst_carrier(best, extra, ent_kinds, ent_nodes, burst.lost_s)
             z = max(z, burst.z * share)
         if z < Z_REPORT:
@@ -411,14 +413,16 @@ def _delivered_extra(
     ie: np.ndarray,
     ii: np.ndarray,
     n_ent: int,
+    clocks_ns: np.ndarray | None = None,
 ) -> np.ndarray:
     """(E,) each entity's extra transfer seconds in this step, over its instances, the data
-    of buffered sends counted as their receivers saw it arrive (`p2p.delivered`).
+    of buffered sends counted as their receivers saw it arrive (`p2p.delivered`, on
+    `clocks_ns` when known).
 
     A burst stalls a buffered send's data, not its copy: the send returns at once and its
     receiver waits, so the shortest copies carry a fraction of what the step lost (a drill's
     burst lost 1.3 s, its slow copies 0.3 s). Only a burst step pays for this reading."""
-    seen = delivered(frame, inst)[0][idx]
+    seen = delivered(frame, inst, clocks_ns)[0][idx]
     over = _over_step_bar(np.log(np.maximum(seen, 1e-12) / ref), s_pool)
     extra = np.where(over, seen - ref, 0.0)
     return np.bincount(ie, weights=extra[ii], minlength=n_ent)

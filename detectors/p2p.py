@@ -54,14 +54,18 @@ from schemas.rankstep import COMPUTE, P2P
 _S_PER_NS = 1 / NS_PER_S
 
 
-def delivered(frame: StepFrame, inst: Instances) -> tuple[np.ndarray, NodeClocks]:
+def delivered(frame: StepFrame, inst: Instances, known_ns: np.ndarray | None = None
+              ) -> tuple[np.ndarray, NodeClocks]:
     """(I,) each instance's transfer as its data's receiver saw it (module doc; the
     shortest copy where nothing more is known), and the step's node clocks on one scale
     (`clocks`), which the what-if replays on. Only a step the what-if prices needs them:
-    on an 8,192-GPU step they take about a tenth of the detectors' time."""
+    on an 8,192-GPU step they take about a tenth of the detectors' time. `known_ns`: (nodes,)
+    each node's clock offset as the job's healthy steps showed it (`whatif.UsualStep`),
+    used instead of the step's own, which a NIC slow one way pulls off (`clocks`)."""
     rows = np.flatnonzero(frame.op_kind != COMPUTE)  # the copies, in `inst.copy_inst` order
     ids, transfer = inst.copy_inst, inst.transfer_s
-    clocks = step_clocks(frame, rows, ids, inst.group, inst.kind, inst.cross_node)
+    clocks = (step_clocks(frame, rows, ids, inst.group, inst.kind, inst.cross_node)
+              if known_ns is None else NodeClocks(known_ns, np.zeros(known_ns.size, np.int64)))
     p2p = np.flatnonzero(frame.op_kind[rows] == P2P)  # positions in `rows`
     if p2p.size == 0 or "send" not in frame.names or "recv" not in frame.names:
         return transfer, clocks
@@ -87,8 +91,9 @@ def delivered(frame: StepFrame, inst: Instances) -> tuple[np.ndarray, NodeClocks
     s_at, r_at = where[0][pair], where[1][pair]
     s_node, r_node = nodes[0][s_at], nodes[1][r_at]
     send, recv = spans[0][s_at], spans[1][r_at]
-    clocks = join_by_p2p(clocks, s_node, r_node, send - clocks.offset_ns[s_node, None],
-                         recv - clocks.offset_ns[r_node, None])
+    if known_ns is None:
+        clocks = join_by_p2p(clocks, s_node, r_node, send - clocks.offset_ns[s_node, None],
+                             recv - clocks.offset_ns[r_node, None])
     ok = clocks.comparable(s_node, r_node)
     send = send[ok] - clocks.offset_ns[s_node[ok], None]
     recv = recv[ok] - clocks.offset_ns[r_node[ok], None]

@@ -59,6 +59,7 @@ def step_suspects(
     own: OwnPast | None = None,
     burst: Burst | None = None,
     two_stages: TwoStages | None = None,
+    clocks_ns: np.ndarray | None = None,
 ) -> Candidates:
     """All suspects of one step with their significance (robust z) and cost in seconds.
 
@@ -66,7 +67,9 @@ def step_suspects(
     instance's own past (`TransferHistory.reference`) and `stages` is
     `peers.stage_keys(frame)`: computed once per step by the caller, which stores them too;
     `burst` the step if it at least doubled (`network_suspects.burst_of`); `two_stages` the job's
-    memory of its two stages (`compute_suspects.TwoStages`);
+    memory of its two stages (`compute_suspects.TwoStages`); `clocks_ns` its nodes' clock
+    offsets as its healthy steps read them (`whatif.UsualStep.clocks_of`), for a burst's
+    transfers;
     `waits` is the job's memory of partially traced groups' waits (without it, nothing is
     said of untraced members). A single rank has no peers, hence no suspects."""
     out = Candidates()
@@ -74,7 +77,7 @@ def step_suspects(
         return out
     compute_suspects(frame, feats, ratio, noise, out, stages, two_stages)
     host_suspects(frame, feats, stages, noise, out)
-    network_suspects(frame, feats, topo, ref, out, own, burst)
+    network_suspects(frame, feats, topo, ref, out, own, burst, clocks_ns)
     if waits is not None and frame.n_ranks < topo.world:  # only partial tracing has them
         untraced_suspects(frame, feats, topo, stages, noise, waits, out)
     return out

@@ -62,6 +62,7 @@ and the job's 60 ms step would have taken 40 ms without rank 1's excess:
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -78,6 +79,8 @@ from schemas.rankstep import COMPUTE, P2P
 
 # bits of an instance's copies (at most 2^20, as the wire allows ranks) in its packed kind
 _COPIES_BITS = 21
+_CLOCK_SAMPLES = 9  # healthy steps' clock offsets kept per node
+_CLOCK_MIN = 3  # readings a node needs before they are used
 _CONVERGED_NS = 1_000.0  # a replay that moves no op by more than 1 µs is done
 _MIN_WINDOW = 256  # ops the replay settles at once, at least (`timeline`)
 # a partial instance whose shortest copy lasts over 1.5× the typical transfer (+50 µs) waited
@@ -112,7 +115,12 @@ class UsualStep(Stateful):
     - when each rank usually begins its step after the first one (pipeline stages begin
       apart), and how much earlier each rank ended the last step priced for a culprit in
       its what-if: a rank begins a step when it ended the one before, so a fault stretches
-      that stagger too, through the step before (`chained_origins`, `first_origins`).
+      that stagger too, through the step before (`chained_origins`, `first_origins`);
+    - each node's clock offset (`learn_clocks`, `clocks_of`): a step's own lines up the
+      ends of its collectives' copies, and a NIC slow one way ends its partners' copies
+      late and its own on time, which reads as clocks hundreds of ms apart (a drill's nodes,
+      on one host, 0.1-0.4 s in its bursts' steps). Clocks drift by microseconds a
+      minute: the healthy steps' medians are the better reading while a fault is on.
 
     Per kind, the lower quartile of its per-step medians over the last `window` healthy
     steps, and per rank the median of its start offsets; the diagnoser feeds transfers only
@@ -129,6 +137,9 @@ class UsualStep(Stateful):
         # (kind, entity) → the last step priced for it, its ranks (sorted), and how much
         # earlier each of them ended that step in the what-if than as it ran (ns)
         self.leads: dict[tuple[str, str], tuple[int, np.ndarray, np.ndarray]] = {}
+        # node → its recent healthy offsets against `_anchor`'s clock (ns)
+        self.offsets: dict[str, deque[float]] = {}
+        self._anchor: str | None = None
 
     def update(self, frame: StepFrame, feats: StepFeatures) -> None:
         inst = feats.inst
@@ -204,6 +215,34 @@ class UsualStep(Stateful):
         order = np.argsort(frame.rank, kind="stable")
         self.leads[culprit] = (frame.step, frame.rank[order].copy(), lead_ns[order])
 
+    def learn_clocks(self, frame: StepFrame, feats: StepFeatures) -> None:
+        """Keep this healthy step's node clock offsets (`p2p.delivered`), each against the
+        first node ever seen: a step's offsets are relative, and its set of nodes may
+        differ (a late rank, a dark node). A step whose nodes are not all on one scale with
+        that node is not kept."""
+        if len(frame.nodes) < 2:
+            return
+        clocks = delivered(frame, feats.inst)[1]
+        if self._anchor is None:
+            self._anchor = frame.nodes[0]
+        if self._anchor not in frame.nodes:
+            return
+        at = frame.nodes.index(self._anchor)
+        ok = clocks.comparable(np.full(len(frame.nodes), at), np.arange(len(frame.nodes)))
+        if not ok.all():
+            return
+        rel = clocks.offset_ns - clocks.offset_ns[at]
+        for name, off in zip(frame.nodes, rel.tolist(), strict=True):
+            self.offsets.setdefault(name, deque(maxlen=_CLOCK_SAMPLES)).append(off)
+
+    def clocks_of(self, frame: StepFrame) -> np.ndarray | None:
+        """(nodes,) the frame's node clock offsets as the healthy steps read them (their
+        median, ns), or None while any of its nodes has fewer than `_CLOCK_MIN` readings."""
+        got = [self.offsets.get(name) for name in frame.nodes]
+        if len(got) < 2 or any(g is None or len(g) < _CLOCK_MIN for g in got):
+            return None
+        return np.array([float(np.median(g)) for g in got])  # type: ignore[arg-type]
+
     def usual(self, frame: StepFrame, feats: StepFeatures) -> np.ndarray:
         """(I,) the usual transfer of each instance's kind; NaN for a kind never seen."""
         inst = feats.inst
@@ -270,7 +309,8 @@ def job_cost(
     # each transfer as its data's receiver saw it: a buffered send's shortest copy shows
     # nothing of what its data took, and the receiver's wait on it would be priced as a wait
     # on its sender (`p2p`)
-    seen, clocks = delivered(frame, feats.inst)
+    seen, clocks = delivered(frame, feats.inst,
+                             history.clocks_of(frame) if history is not None else None)
     feats = replace(feats, inst=replace(feats.inst, transfer_s=seen))
     inst = feats.inst
     skew = clocks.offset_ns
@@ -721,7 +761,7 @@ def timeline(frame: StepFrame, feats: StepFeatures, skew_ns: np.ndarray,
         end_p = end[perm][at]
         last = np.maximum.reduceat(end_p - dur[perm][at], copies.heads)
         modelled = np.maximum(last, arrival_ns[copies.inst]) + transfer_s[copies.inst] * 1e9
-        tail[perm[at]] = np.maximum(end_p - np.repeat(modelled, copies.width), 0.0)
+        tail[perm[at]] = end_p - np.repeat(modelled, copies.width)
     return _Timeline(ri, dur, lag, end, origin, inst_of, tail, perm, pred_p, windows, copies)
 
 
@@ -789,7 +829,8 @@ class _Relax:
             e = s + dur
             if copies.heads.size:
                 last = np.maximum(np.maximum.reduceat(s[grouped], copies.heads), arrival)
-                e[grouped] = np.repeat(last + transfer, copies.width) + tail[grouped]
+                e[grouped] = np.maximum(np.repeat(last + transfer, copies.width) + tail[grouped],
+                                        s[grouped])
             moved = float(np.max(np.abs(e - self.new_end[ops]))) if e.size else 0.0
             self.new_end[ops] = e
             if moved < _CONVERGED_NS:

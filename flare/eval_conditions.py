@@ -50,6 +50,9 @@ class Condition:
         if changes.get("partial_bursts") and (sc.fault is None
                                               or sc.fault.family != "flapping_nic"):
             return False  # nothing else flaps: the other runs would be the base's again
+        if changes.get("oneway_nic") and (sc.fault is None
+                                          or sc.fault.family not in ("nic", "flapping_nic")):
+            return False  # no other fault has a NIC to be slow one way
         return "fault2" not in changes or (sc.fault is not None and sc.layout.n_nodes >= 3)
 
 
@@ -84,6 +87,12 @@ CONDITIONS: tuple[Condition, ...] = (
         "a flapping NIC's bursts start anywhere in a step and run 0.5-1.5 steps across its "
         "end, at a period of its own (drills); flapping NIC runs only",
         (("partial_bursts", True),),
+    ),  # fmt: skip
+    Condition(
+        "oneway",
+        "a NIC slow only sending (drills: a rate limit on its egress): its own copies end on "
+        "time, its partners' late; NIC and flapping NIC runs only",
+        (("oneway_nic", True),),
     ),  # fmt: skip
 )
 CONDITION_NAMES = tuple(c.name for c in CONDITIONS)

@@ -5,10 +5,17 @@ and machine. The slowdown the fault caused is then measured, not modelled: the j
 over the incident's evidence steps against the median healthy step before the fault. The
 incident's own estimate (`slowdown`, the mean of its what-if over the same steps) is read,
 never imitated, so the check stays valid whatever the estimator does. Both are over the steps
-that showed the fault: a flapping NIC's incident prices its bursts, and measured over every
-step it spans (its quiet steps between bursts included) its estimate read 27% high where,
-burst for burst, it is 23% low (ten drills). A hang's or a killed rank's cost is the stopped
-job by definition, so only faults that slow the job are checked.
+that showed the fault: a flapping NIC's incident prices its bursts, not the quiet steps
+between them. A hang's or a killed rank's cost is the stopped job by definition, so only
+faults that slow the job are checked.
+
+One thing makes the steps before the fault a counterfactual of the drill's machine, not of
+a GPU job: a drill's ranks share its cores, so a fault that leaves ranks waiting lets the
+others compute faster (21-28% under a NIC's limit, 35-57% beside a throttled rank, in the
+kept recordings). A GPU computes as fast whoever waits, and the what-if keeps each step's
+compute as it ran, so it prices the fault above what a drill measures (the kept NIC
+recordings: +11% to +46%; less each step's saved compute taken from the healthy step,
+-0.4% to +27%).
 
 >>> times = {s: 0.4 for s in range(10, 27)} | {s: 1.2 for s in range(27, 40)}
 >>> round(measured_slowdown(times, onset=27, steps=range(29, 40)), 3)

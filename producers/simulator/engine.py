@@ -29,6 +29,7 @@ Schedules (`SCHEDULES`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -93,6 +94,10 @@ class StepInputs:
     # a burst within the step: `xfer` as the fault stretches it, and per stage the op slots
     # [from, to) it holds for (a transfer by its sending slot); `xfer` holds elsewhere
     burst: tuple[dict[int, list[np.ndarray]], list[tuple[int, int]]] | None = None
+    # a NIC slow only sending: (W,) its node's ranks, and every transfer as it is healthy
+    # (kind → per stage, as `xfer`); those ranks' copies end with the healthy transfer,
+    # and a pipeline transfer is slow only from them
+    oneway: tuple[np.ndarray, dict[int, list[np.ndarray]]] | None = None
 
 
 @dataclass
@@ -288,6 +293,24 @@ class StepEngine:
 
         def burst_at(s: int, col: int) -> bool:
             return burst is not None and span[s][0] <= col < span[s][1]
+
+        if inp.oneway is not None:
+            sender = [inp.oneway[0][s * S : (s + 1) * S] for s in range(P)]
+            healthy = inp.oneway[1]
+            ok_a2a = ([healthy[G_EP][s] * moe[s].reshape(ne, ep, tp).max(axis=1)
+                       for s in range(P)] if inp.moe is not None else healthy.get(G_EP, []))
+
+        def copies_end(s: int, e: np.ndarray, shape: tuple[int, ...], axis: int,
+                       late: np.ndarray, on_time: Callable[[], np.ndarray]) -> None:
+            """Every copy `e` (stage s's ranks laid out as `shape`) of each instance ends at
+            `late` (the instance's end, over `axis`); under a one-way NIC its own ranks'
+            copies end `on_time` (their data came in healthy)."""
+            view = e.reshape(shape)
+            late = np.expand_dims(late, axis)
+            if inp.oneway is None or not sender[s].any():
+                view[...] = late
+                return
+            view[...] = np.where(sender[s].reshape(shape), np.expand_dims(on_time(), axis), late)
         stop = inp.stop
         hang_ns: float | None = None
 
@@ -343,22 +366,22 @@ class StepEngine:
             hit = burst_at(s, col)
             if gt == G_TP:
                 mx = a.reshape(dp, tp).max(axis=1)
-                mx += (btp if hit else xtp)[s] * n_row[::tp]
-                e.reshape(dp, tp)[...] = mx[:, None]
+                copies_end(s, e, (dp, tp), 1, mx + (btp if hit else xtp)[s] * n_row[::tp],
+                           lambda: mx + healthy[G_TP][s] * n_row[::tp])
             elif gt == G_DP:
                 mx = a.reshape(dp, tp).max(axis=0)
                 hd = inp.hang_dp
                 if hd is not None and hd[0] == s and nm == REDUCE_SCATTER and not bucket:
                     hang_ns = float(mx[hd[1]])  # the last member just entered (its 1st bucket)
                     mx[hd[1]] = np.inf
-                x = (bdp if hit else xdp)[s]
-                x = x if bucket is None else x * (nb / c.grad_bytes)
-                mx += x * n_row[:tp]
-                e.reshape(dp, tp)[...] = mx[None, :]
+                share = 1.0 if bucket is None else nb / c.grad_bytes
+                copies_end(s, e, (dp, tp), 0, mx + (bdp if hit else xdp)[s] * share * n_row[:tp],
+                           lambda: mx + healthy[G_DP][s] * share * n_row[:tp])
             else:
                 mx = a.reshape(ne, ep, tp).max(axis=1)
-                mx += (b_a2a if hit else a2a_x)[s] * n_row.reshape(ne, ep, tp)[:, 0, :]
-                e.reshape(ne, ep, tp)[...] = mx[:, None, :]
+                n_ep = n_row.reshape(ne, ep, tp)[:, 0, :]
+                copies_end(s, e, (ne, ep, tp), 1, mx + (b_a2a if hit else a2a_x)[s] * n_ep,
+                           lambda: mx + ok_a2a[s] * n_ep)
             if bucket is None:
                 clk[s] = e
             else:
@@ -383,7 +406,10 @@ class StepEngine:
                 cs, cr = cols
                 e = end[src][cs]
                 np.maximum(start[src][cs], start[dst][cr], out=e)
-                e += (bpp if burst_at(src, cs) else xpp)[x.pair] * net[src][cs]
+                took = (bpp if burst_at(src, cs) else xpp)[x.pair]
+                if inp.oneway is not None:  # slow only from the NIC's own ranks
+                    took = np.where(sender[src], took, healthy[G_PP_NEXT][x.pair])
+                e += took * net[src][cs]
                 end[dst][cr][...] = e
 
         def matched(ops: tuple[tuple[Xfer, bool], ...]) -> bool:

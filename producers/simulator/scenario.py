@@ -248,6 +248,11 @@ class Scenario:
     - `partial_bursts`: a flapping NIC's bursts start anywhere in a step and run 0.5-1.5
       steps across its end, at a period of the NIC's own (4-9 steps, not a whole number),
       as drills on real training show; by default each burst is one or two whole steps.
+    - `oneway_nic`: a NIC fault (steady or flapping) slows only what its node sends, as a
+      rate limit on its egress or a failing transmit lane does: a collective's copies on
+      its node end as if it were healthy (their data came in on time), the other members'
+      when the slow data reaches them, and a pipeline transfer is slow only from it. By
+      default every copy of an instance through it ends at once, late.
     None of these is a fault: they must not become device incidents. `fault2` is a second,
     simultaneous fault in a different group (no node, TP or DP group shared with `fault`;
     drawn from its own seed when it has no target); at most one of the two is a hang.
@@ -272,6 +277,7 @@ class Scenario:
     fault2: Fault | None = None
     schedule: Schedule = "gpipe"
     partial_bursts: bool = False
+    oneway_nic: bool = False
     # true time 0 of the job on the nodes' clocks; None: a fixed epoch, so a recording is
     # the same file every time. A live run (`flare up`) starts now, so its steps and
     # incidents are where a "last hour" dashboard looks.
@@ -315,7 +321,7 @@ class Scenario:
         if self.traced not in TRACED:
             raise ValueError(f"Scenario.traced must be one of {', '.join(TRACED)}, "
                              f"got {self.traced!r}")  # fmt: skip
-        for name in ("comm_only", "partial_bursts"):
+        for name in ("comm_only", "partial_bursts", "oneway_nic"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Scenario.{name} must be True or False, "
                                  f"got {getattr(self, name)!r}")
@@ -333,7 +339,8 @@ class Scenario:
         out: dict[str, Any] = {}
         for name, default in (("traced", "all"), ("comm_only", False), ("seq_imbalance", 0.0),
                               ("stage_imbalance", 1.0), ("fault2", None),
-                              ("schedule", "gpipe"), ("partial_bursts", False)):  # fmt: skip
+                              ("schedule", "gpipe"), ("partial_bursts", False),
+                              ("oneway_nic", False)):  # fmt: skip
             if getattr(self, name) != default:
                 out[name] = getattr(self, name)
         if self.fault2 is not None:

@@ -157,7 +157,7 @@ class ClusterSimulator:
             main = main * workload
         dev = np.full(W, level)
         xfer = self._xfer
-        stop = hang_dp = burst = None
+        stop = hang_dp = burst = oneway = None
         for plan, stretch in zip(self.plans, self._stretch, strict=True):
             if not plan.active(step):
                 continue
@@ -175,6 +175,10 @@ class ClusterSimulator:
                     xfer = stretched
                 else:  # a burst over part of the step: those of its ops, by their slots
                     burst = (stretched, [(int(lo * k), int(np.ceil(hi * k))) for k in K])
+                if self.scenario.oneway_nic and fam in ("nic", "flapping_nic"):
+                    sender = np.zeros(W, dtype=bool)
+                    sender[plan.ranks] = True
+                    oneway = (sender, self._xfer)
             elif fam == "rank_stall":
                 # one lump per step (a GC pause, a late batch) before a random op of the rank
                 lost = (plan.fault.severity - 1.0) * self.scenario.step_time_s * 1e9
@@ -199,7 +203,7 @@ class ClusterSimulator:
         return StepInputs(
             train=train, checkpoint_ns=nd.checkpoint_ns, gaps=nd.gaps,
             jit=nd.jit, net=nd.net, main=main, dev=dev, moe=nd.moe, xfer=xfer, stop=stop,
-            hang_dp=hang_dp, burst=burst,
+            hang_dp=hang_dp, burst=burst, oneway=oneway,
         )  # fmt: skip
 
     def _records(self) -> Iterator[StepRecord]:

@@ -118,6 +118,45 @@ def test_a_nic_slow_one_way_costs_the_copy_that_waited_on_its_data():
     assert _cost(frame, "link", "node:n1").lost_s == pytest.approx(0.0, abs=1e-5)
 
 
+def _one_way_step(took_ms: float):
+    """Four pairs all-reduce across nodes (n0-n3 with n4-n7), compute 10 ms, and all
+    all-reduce. Node n3's NIC is slow only sending: its own copy of its pair's all-reduce
+    ends after 5 ms, its partner's on n7 after `took_ms`."""
+    msgs = []
+    end = 26.0 + took_ms
+    for pair in range(4):
+        for side in range(2):
+            took = took_ms if (pair, side) == (3, 1) else 5.0
+            ops = [("compute", "fwd", "", 0, 0.0, 10.0, 0),
+                   ("coll", "all_reduce", f"dp.{pair}", 1, 10.0, took, 1024),
+                   ("compute", "bwd", "", 0, 10.0 + took, 10.0, 0),
+                   ("coll", "all_reduce", "world.0", 1, 20.0 + took, end - 20.0 - took, 64)]
+            msgs.append(rank_step(2 * pair + side, f"n{pair if side == 0 else pair + 4}", 0,
+                                  ops))
+    return frame_of(msgs)
+
+
+def test_node_clocks_come_from_the_healthy_steps_when_a_nic_is_slow_one_way():
+    """The slow pair's all-reduce is its group's only instance: lining up its copies' ends
+    reads n7's clock 40 ms off n3's, and the step replayed on those clocks prices the NIC
+    at 30 ms where the job lost 40. The healthy steps read the clocks as they are."""
+    frame = _one_way_step(45.0)
+    feats = step_features(frame)
+    stages = stage_keys(frame)
+    ratio = compute_ratio(frame, feats, stages)
+    alone = job_cost(frame, feats, "link", "node:n3", ratio, stages)
+    assert alone.actual_s == pytest.approx(0.071)
+    assert abs(alone.lost_s - 0.040) > 0.005  # the step's own clocks are off
+    usual = UsualStep()
+    healthy = _one_way_step(5.0)
+    assert usual.clocks_of(healthy) is None  # nothing read yet
+    for _ in range(3):
+        usual.learn_clocks(healthy, step_features(healthy))
+    assert usual.clocks_of(frame) == pytest.approx(np.zeros(8), abs=1e3)
+    cost = job_cost(frame, feats, "link", "node:n3", ratio, stages, history=usual)
+    assert cost.lost_s == pytest.approx(0.040, abs=1e-3)
+
+
 def test_an_untraced_culprit_costs_the_waits_of_the_traced_members_on_it():
     """Four tp groups of 2, one rank of each traced; rank 1 (untraced) arrives 30 ms late
     to tp.0, so rank 0's copy lasts 35 ms where the others' last 5, and the data-parallel

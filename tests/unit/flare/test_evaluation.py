@@ -102,6 +102,15 @@ def test_the_bursts_condition_remakes_the_flapping_nic_runs_only():
     ]  # nothing else flaps: no other run, clean runs included, is made again
 
 
+def test_the_oneway_condition_remakes_the_nic_runs_only():
+    from flare.eval_conditions import condition_scenarios, parse_conditions
+
+    pairs = condition_scenarios(parse_conditions("oneway"), [16], 1, 500)
+    assert pairs and all(sc.oneway_nic and sc.fault is not None
+                         and sc.fault.family in ("nic", "flapping_nic") for _, sc in pairs)
+    assert {sc.fault.family for _, sc in pairs if sc.fault} == {"nic", "flapping_nic"}
+
+
 def _truth(culprit: str, traced: bool | None) -> GroundTruth:
     return GroundTruth(job="j", family="slow_gpu", kind="gpu", culprit=culprit, onset_step=20,
                        onset_ts_ns=None, severity=1.5, layout={}, gpus=64, steps=40, seed=1,

@@ -237,6 +237,65 @@ def test_partial_bursts_of_a_flapping_nic_cross_step_ends_at_a_period_of_its_own
     assert (stretched[on] < 0.9).all()  # and in each, some of the step's transfers only
 
 
+def test_a_nic_slow_one_way_ends_its_partners_copies_late_and_its_own_on_time():
+    """`oneway_nic`: node-0001's NIC sends at a quarter speed (a rate limit on its egress).
+    In each data-parallel all-reduce it is in, its own ranks' copies end with the healthy
+    transfer and the others' when its data reaches them; a pipeline transfer is slow only
+    from it. Without the option every copy ends late together, as before."""
+    lay = Layout(tp=2, pp=2, dp=4, gpus_per_node=4, nodes_per_switch=2)
+    fault = Fault("nic", 4.0, 1, "node:node-0001")
+
+    def dp_ends(oneway: bool) -> tuple[np.ndarray, np.ndarray]:
+        sim = ClusterSimulator(scenario(layout=lay, steps=3, noise=Noise.quiet(), fault=fault,
+                                        oneway_nic=oneway))
+        f = frames(sim)[2]
+        ri = f.op_rank_index()
+        start = f.t_start_ns[ri] - sim.clocks.skew_ns[f.node[ri]]  # one true clock
+        end = start + f.op_start_ns + f.op_dur_ns
+        mine = f.op_group == f.groups.index("dp.0-1")  # crosses node-0001
+        sel = mine & (f.op_seq == f.op_seq[np.flatnonzero(mine)[0]])
+        own = f.node[ri[sel]] == f.nodes.index("node-0001")
+        return end[sel][own], end[sel][~own]
+
+    own, others = dp_ends(True)
+    both_own, both_others = dp_ends(False)
+    assert own.size and others.size
+    assert own.max() < others.min() - 1e6  # its own copies end first, by over a ms
+    assert np.allclose(both_own, both_others[0]) and np.allclose(both_others, both_others[0])
+
+    def pp_transfers(oneway: bool) -> tuple[float, float]:
+        """The longest pipeline transfer (later post to end) out of node-0001, and into it."""
+        sim = ClusterSimulator(scenario(layout=lay, steps=3, noise=Noise.quiet(), fault=fault,
+                                        oneway_nic=oneway))
+        g = frames(sim)[2]
+        ri = g.op_rank_index()
+        start = g.t_start_ns[ri] - sim.clocks.skew_ns[g.node[ri]] + g.op_start_ns
+        end = start + g.op_dur_ns
+        names = np.array(g.names)[g.op_name]
+        p2p = np.flatnonzero(np.isin(names, ["send", "recv"]))
+        key = g.op_group[p2p].astype(np.int64) * (1 << 32) + g.op_seq[p2p]
+        out = into = 0.0
+        for k in np.unique(key):
+            pair = p2p[key == k]
+            if pair.size != 2:
+                continue
+            took = float(end[pair].max() - start[pair].max())
+            here = g.node[ri[pair]] == g.nodes.index("node-0001")
+            if here.sum() != 1:
+                continue
+            if names[pair[here][0]] == "send":
+                out = max(out, took)
+            else:
+                into = max(into, took)
+        return out, into
+
+    out_one, into_one = pp_transfers(True)
+    out_both, into_both = pp_transfers(False)
+    assert out_one == pytest.approx(out_both, rel=0.05)  # out of it: slow either way
+    assert into_one < 0.5 * into_both  # into it: healthy one way
+    assert into_one < 0.5 * out_one
+
+
 def test_hang_heartbeats_outlast_a_timeout_of_three_long_steps():
     sc = scenario(layout=layout_for_gpus(64), steps=6, seed=3, step_time_s=30.0,
                   fault=Fault("hang_rank", 1.0, 3, "rank:56"), heartbeats=False)  # fmt: skip
