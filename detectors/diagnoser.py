@@ -39,7 +39,7 @@ from detectors.burst_evidence import Carried, burst_tail, charged_excess
 from detectors.candidates import Z_REPORT, Candidates
 from detectors.compute_suspects import TwoStages, compute_ratio
 from detectors.config import DetectorConfig
-from detectors.evidence import EXTREME, LONG_WINDOW, Z_ON, EvidenceTracker, Track, far_bar
+from detectors.evidence import LONG_WINDOW, Z_ON, EvidenceTracker, Track, far_bar
 from detectors.explain import summarize
 from detectors.features import StepFeatures, step_features
 from detectors.hang import EXIT_GRACE, FIRST_STALL_TIMEOUTS, HangDetector, HangFinding
@@ -336,11 +336,12 @@ class JobDiagnoser(Stateful):
             self.two_stages, self.usual.clocks_of(frame) if burst is not None else None,
         )
         self._seen_excess = _untraced_excess(frame, feats, cands, self.topology.group_size)
-        if any(k in NETWORK_KINDS and z >= EXTREME * Z_ON
+        if any(k in NETWORK_KINDS and z >= far_bar(k) * Z_ON
                for k, z in zip(cands.kind, cands.z, strict=True)):
             # a network entity far beyond any jitter (a flapping NIC's burst, before the
             # bursts confirm it): its steps are not the transfers' usual, or the bursts
-            # would become it and fade one by one
+            # would become it and fade one by one (a one-way NIC flapping at half speed in
+            # a two-node job: z 11.5, 11.5, 4.8, 3.4, never paged)
             self.transfers.drop_recent()
         healthy_nodes = not any(k[0] in ("node", "host") for k in self.book.open)
         pace = self.nodes.observe(frame, feats, stages, cands, learn=healthy_nodes)
