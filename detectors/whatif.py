@@ -137,8 +137,10 @@ class UsualStep(Stateful):
         # (kind, entity) → the last step priced for it, its ranks (sorted), and how much
         # earlier each of them ended that step in the what-if than as it ran (ns)
         self.leads: dict[tuple[str, str], tuple[int, np.ndarray, np.ndarray]] = {}
-        # node → its recent healthy offsets against `_anchor`'s clock (ns)
+        # node → its recent healthy offsets against `_anchor`'s clock (ns), and their median
+        # once it has `_CLOCK_MIN` (read on every priced step: kept, not recomputed)
         self.offsets: dict[str, deque[float]] = {}
+        self._offset: dict[str, float] = {}
         self._anchor: str | None = None
 
     def update(self, frame: StepFrame, feats: StepFeatures) -> None:
@@ -233,15 +235,18 @@ class UsualStep(Stateful):
             return
         rel = clocks.offset_ns - clocks.offset_ns[at]
         for name, off in zip(frame.nodes, rel.tolist(), strict=True):
-            self.offsets.setdefault(name, deque(maxlen=_CLOCK_SAMPLES)).append(off)
+            seen = self.offsets.setdefault(name, deque(maxlen=_CLOCK_SAMPLES))
+            seen.append(off)
+            if len(seen) >= _CLOCK_MIN:
+                self._offset[name] = float(np.median(seen))
 
     def clocks_of(self, frame: StepFrame) -> np.ndarray | None:
         """(nodes,) the frame's node clock offsets as the healthy steps read them (their
         median, ns), or None while any of its nodes has fewer than `_CLOCK_MIN` readings."""
-        got = [self.offsets.get(name) for name in frame.nodes]
-        if len(got) < 2 or any(g is None or len(g) < _CLOCK_MIN for g in got):
+        got = [self._offset.get(name) for name in frame.nodes]
+        if len(got) < 2 or None in got:
             return None
-        return np.array([float(np.median(g)) for g in got])  # type: ignore[arg-type]
+        return np.array(got, dtype=np.float64)
 
     def usual(self, frame: StepFrame, feats: StepFeatures) -> np.ndarray:
         """(I,) the usual transfer of each instance's kind; NaN for a kind never seen."""
@@ -266,9 +271,9 @@ class _Change:
     # (ranks,) a traced culprit's: untraced members' set arrivals move as much earlier as
     # its own excess puts it ahead by then (`_followed_arrival`; None: they keep them)
     follow: np.ndarray | None = None
-    # (I,) bool: instances whose copies that ended after the instance (`_Timeline.tail`)
-    # waited on the culprit's data: they end with it; None: every late copy as it ran
-    cut_late: np.ndarray | None = None
+    # (I,) bool: instances whose copies' tails (`_Timeline.tail`) were the culprit's data
+    # arriving late: their copies end together again; None: every copy as it ran
+    cut_tails: np.ndarray | None = None
 
 
 def job_cost(
@@ -366,11 +371,11 @@ def _both(a: _Change, b: _Change) -> _Change:
     """Two counterfactuals at once: each culprit's own ops, instances and untraced members
     as its counterfactual has them (both begin from the step as it ran)."""
     follow = [f for f in (a.follow, b.follow) if f is not None]
-    cuts = [c for c in (a.cut_late, b.cut_late) if c is not None]
+    cuts = [c for c in (a.cut_tails, b.cut_tails) if c is not None]
     return _Change(a.dur * b.dur, a.lag * b.lag, np.minimum(a.transfer_s, b.transfer_s),
                    np.minimum(a.arrival_ns, b.arrival_ns),
                    follow=np.union1d(*follow) if len(follow) == 2 else next(iter(follow), None),
-                   cut_late=np.logical_or(*cuts) if len(cuts) == 2 else next(iter(cuts), None))
+                   cut_tails=np.logical_or(*cuts) if len(cuts) == 2 else next(iter(cuts), None))
 
 
 def step_span_s(frame: StepFrame) -> float:
@@ -485,7 +490,7 @@ def _change(
         # a slow transfer to a member that is not traced reads as that member arriving late;
         # the copies that ended after the rest had waited on the slow transfer's data
         return _Change(same.dur, same.lag, transfer, _with_traced(same.arrival_ns),
-                       cut_late=hit)
+                       cut_tails=hit)
     if what == "rank" and name.isdigit():
         ranks = np.flatnonzero(frame.rank == int(name))
     elif what == "node" and kind != "gpu":  # a gpu on a node: one of its untraced GPUs
@@ -700,12 +705,10 @@ class _Timeline:
     origin: np.ndarray  # (R,) when each rank began the step (`_origins`)
     inst: np.ndarray  # (N,) each op's instance (-1: compute)
     # (N,) ns each copy ended after its instance's end as the model has it (its last
-    # member's start plus its transfer; 0 for compute and copies that ended before it): one
-    # member's data can arrive long after the others' (a NIC slow one way only: its copy on
-    # the far side ends last). Copies that ended early are not kept early: a buffered send
-    # returns before its data arrives, but a node clock that a burst's late copies put
-    # off reads as early too, and a what-if that keeps them early priced the drills' steady
-    # NICs 12-46% high (0-19% without them)
+    # member's start plus its transfer; 0 for compute), so that the step replayed as it ran
+    # is the step as it ran: one member's data can arrive long after the others' (a NIC
+    # slow one way only: its copy on the far side ends last), and a buffered send returns
+    # before its data arrives (a negative tail)
     tail: np.ndarray
     perm: np.ndarray  # (N,) the op at each position of the settling order
     pred_p: np.ndarray  # (N,) position of the op each op follows on its rank (-1: none)
@@ -780,8 +783,9 @@ def replay(frame: StepFrame, line: _Timeline, change: _Change) -> np.ndarray:
     origin = line.origin if change.origin is None else change.origin
     arrival = _followed_arrival(ri, end, dur * (1.0 - change.dur) + lag0 * (1.0 - change.lag),
                                 line.origin - origin, change.arrival_ns, change.follow)
-    tail = line.tail if change.cut_late is None else np.where(
-        change.cut_late[np.maximum(line.inst, 0)] & (line.inst >= 0), 0.0, line.tail)
+    # (a compute op's tail is 0 whatever its index reads)
+    tail = line.tail if change.cut_tails is None else np.where(
+        change.cut_tails[np.maximum(line.inst, 0)], 0.0, line.tail)
     step = _Relax(line.pred_p, origin[ri[perm]], (lag0 * change.lag)[perm],
                   (dur * change.dur)[perm], arrival, change.transfer_s * 1e9, tail[perm],
                   end[perm])
