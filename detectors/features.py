@@ -29,7 +29,7 @@ import numpy as np
 
 from schemas.clock import NS_PER_S
 from schemas.frame import StepFrame
-from schemas.rankstep import COMPUTE
+from schemas.rankstep import COMPUTE, P2P
 
 # Durations become seconds by multiplying with the reciprocal, as the detectors were
 # calibrated: dividing by NS_PER_S rounds the last bit of some durations differently.
@@ -55,6 +55,7 @@ class Instances:
     copy_rank: np.ndarray  # (C,) rank index
     copy_wait_s: np.ndarray  # (C,) own duration - transfer: time spent waiting for peers
     copy_late_s: np.ndarray  # (C,) mean duration - own duration: arrived later than average
+    send_rank: np.ndarray  # (I,) rank index of a p2p instance's send copy, -1 for the rest
 
 
 @dataclass(slots=True)
@@ -176,6 +177,10 @@ def _instances(frame: StepFrame, ri: np.ndarray) -> Instances:
     other = node != frame.node[ri[first]][ids]
     cross = np.bincount(ids, weights=other, minlength=n_inst) > 0
     nbytes = frame.op_bytes[first]  # the signature's size; all_to_all members may differ
+    send_rank = np.full(n_inst, -1, dtype=np.int64)
+    if "send" in frame.names:
+        is_send = (frame.op_kind[rows] == P2P) & (frame.op_name[rows] == frame.names.index("send"))
+        send_rank[ids[is_send]] = ri[rows[is_send]]
     return Instances(
         group=frame.op_group[first],
         seq=frame.op_seq[first],
@@ -190,6 +195,7 @@ def _instances(frame: StepFrame, ri: np.ndarray) -> Instances:
         copy_rank=ri[rows],
         copy_wait_s=dur - transfer[ids],
         copy_late_s=mean[ids] - dur,
+        send_rank=send_rank,
     )
 
 

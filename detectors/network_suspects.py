@@ -273,6 +273,7 @@ def network_suspects(
     ent_names: list[str] = []
     ent_kinds: list[str] = []
     ent_nodes: list[np.ndarray] = []
+    ent_what: list[str] = []  # what its instances are, as its detail quotes them
     inc_ent: list[np.ndarray] = []
     inc_inst: list[np.ndarray] = []
     used_nodes = np.flatnonzero(np.bincount(p_node, minlength=n_nodes))
@@ -282,11 +283,15 @@ def network_suspects(
         ent_names.append(f"node:{frame.nodes[n]}")
         ent_kinds.append("link")
         ent_nodes.append(np.array([n]))
+        ent_what.append("transfers")
     inc_ent.append(node_eid[p_node])
     inc_inst.append(p_inst)
+    single = one_link(frame, topo)
+    if not single:
+        _add_egress(frame, inst.send_rank[idx], c_pos, c_node, ent_names, ent_kinds,
+                    ent_nodes, ent_what, inc_ent, inc_inst)
     # a pair of nodes is an entity of its own for its p2p transfers (a pipeline link), and,
     # in a job of two nodes, for every transfer across them (the only link there is)
-    single = one_link(frame, topo)
     p2p = (inst.kind[idx] == P2P) | single
     if p2p.any():
         lo = np.full(idx.size, n_nodes)
@@ -301,6 +306,7 @@ def network_suspects(
             ent_names.append("link:" + "~".join(sorted((frame.nodes[a], frame.nodes[b]))))
             ent_kinds.append("link")
             ent_nodes.append(np.array([a, b]))
+            ent_what.append("transfers")
         inc_ent.append(base + link_of.reshape(-1))
         inc_inst.append(two)
     if topo.switch_of:
@@ -316,6 +322,7 @@ def network_suspects(
                 ent_names.append(f"switch:{sname}")
                 ent_kinds.append("switch")
                 ent_nodes.append(np.flatnonzero(node_sw == s))
+                ent_what.append("transfers")
             inc_ent.append(base + sw_pair % len(sw_names))
             inc_inst.append(sw_pair // len(sw_names))
     ie = np.concatenate(inc_ent)
@@ -370,9 +377,64 @@ def network_suspects(
             ent_kinds[best],
             z,
             float(node_extra[ent_nodes[best]].max()),
-            f"transfers ×{ratio:.2f} on {int(slow.sum())} of {shown.size} instances",
+            f"{ent_what[best]} ×{ratio:.2f} on {int(slow.sum())} of {shown.size} instances",
         )
         e_left[ids] = 0.0
+
+
+def _add_egress(
+    frame: StepFrame,
+    send_rank: np.ndarray,
+    c_pos: np.ndarray,
+    c_node: np.ndarray,
+    names: list[str],
+    kinds: list[str],
+    nodes: list[np.ndarray],
+    what: list[str],
+    inc_ent: list[np.ndarray],
+    inc_inst: list[np.ndarray],
+) -> None:
+    """Add each node's NIC as the sender of its pipeline transfers alone, when they go to
+    two nodes or more: an entity named as the NIC (`node:<name>`, kind `link`).
+
+    A NIC slow one way (a rate limit holds its egress, as a drill's does) delays the data
+    it sends and nothing it receives. Its all-reduces' shortest copies are its own, on time
+    (`oneway_nic` in the simulator), so only its pipeline sends are slow, and spread over
+    every transfer through it they read a fraction of their excess: a ÷1.5 NIC of an
+    8,192-GPU job sat at z 3.5 on every step and never opened. Its sends alone read whole.
+    A node whose sends all go to one node is left out: its egress and that node's ingress
+    slow the same transfers, and the link between them is as far as the data goes.
+
+    `send_rank`: (n,) the usable instances' send copy's rank (-1: none); `c_pos`, `c_node`:
+    each usable copy's instance position and node."""
+    at = np.flatnonzero(send_rank >= 0)
+    if at.size == 0:
+        return
+    sender = frame.node[send_rank[at]]
+    n_nodes = len(frame.nodes)
+    # the node at each send's other end: its instance's copy on another node than the sender
+    other = np.full(send_rank.size, -1)
+    differ = c_node != frame.node[np.maximum(send_rank, 0)][c_pos]
+    other[c_pos[differ]] = c_node[differ]
+    to = other[at]
+    ok = to >= 0
+    at, sender, to = at[ok], sender[ok], to[ok]
+    if at.size == 0:
+        return
+    route = unique_ints(sender.astype(np.int64) * n_nodes + to)
+    fan_out = np.bincount(route // n_nodes, minlength=n_nodes)
+    keep = fan_out[sender] >= 2
+    if not keep.any():
+        return
+    senders, code = np.unique(sender[keep], return_inverse=True)
+    base = len(names)
+    for n in senders:
+        names.append(f"node:{frame.nodes[n]}")
+        kinds.append("link")
+        nodes.append(np.array([n]))
+        what.append("outgoing pipeline transfers")
+    inc_ent.append(base + code.reshape(-1))
+    inc_inst.append(at[keep])
 
 
 def _blind_to(
@@ -541,13 +603,15 @@ def _disambiguate_node(
         pair = [i for i, k in enumerate(kinds) if k == "link" and nodes[i].size == 2]
         if pair:
             return max(pair, key=lambda i: score[i])
-    if int(twins.sum()) > 1:
+    # counted by node: a NIC is an entity twice, as all its transfers and as the sender of
+    # its pipeline transfers (`_add_egress`)
+    if len({int(nodes[i][0]) for i in np.flatnonzero(twins)}) > 1:
         return -1
     is_node = np.array([k == "link" and n.size == 1 for k, n in zip(kinds, nodes, strict=True)])
-    tied = np.flatnonzero(is_node & (score >= _NODE_TIE * score[best]))
-    if tied.size <= 1:
+    tied_nodes = {int(nodes[i][0])
+                  for i in np.flatnonzero(is_node & (score >= _NODE_TIE * score[best]))}
+    if len(tied_nodes) <= 1:
         return best
-    tied_nodes = {int(nodes[i][0]) for i in tied}
     holders = [
         i for i, k in enumerate(kinds) if k == "switch" and tied_nodes <= set(nodes[i].tolist())
     ]

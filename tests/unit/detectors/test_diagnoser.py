@@ -94,6 +94,41 @@ def test_a_fault_masked_by_a_straggler_elsewhere_is_paged_with_what_it_will_cost
     assert r.false_device == 0
 
 
+def test_a_device_the_job_does_not_wait_on_opens_alone_and_says_so(monkeypatch):
+    """A ×1.05 GPU of an 8,192-GPU job is z 12 on every step, yet 128 pipelines' data and
+    jitter decide each step: the fault-free re-run has the very same step times, and the
+    replay prices it ×1.000. A degraded device is still one to drain, so with no other
+    fault open it opens, saying the job does not wait on it now. The replay's word is
+    the seam here (an 8,192-GPU job is minutes of CI): every culprit priced at no cost."""
+    import detectors.diagnoser as diagnoser
+    from detectors.whatif import JobCost
+
+    def free(frame, *args, **kwargs):
+        actual = float(np.median(frame.t_end_ns - frame.t_start_ns)) / 1e9
+        return JobCost(actual, actual)
+
+    monkeypatch.setattr(diagnoser, "job_cost", free)
+    r = run_scenario(_scenario("slow_gpu", 1.5, gpus=16))
+    assert r.top1 and r.kind_ok, r.incidents
+    assert "does not wait on it now" in r.incidents[0]["summary"], r.incidents[0]["summary"]
+    assert r.false_device == 0
+
+
+def test_bystanders_that_cost_nothing_beside_an_open_fault_stay_closed():
+    """32 GPUs, half of the ranks traced, one rank stalling on its host (+0.6 s per step).
+    With its incident open, two traced ranks of other groups were confirmed as slow GPUs
+    ("2% slower", "-1% slower") that the replay priced at ×1.000: the stall's shadow on a
+    half-traced job, not faults. Beside an open fault a costless candidate opens only as
+    a masked fault whose forecast is material."""
+    from flare.eval_conditions import condition_scenarios, parse_conditions
+
+    runs = condition_scenarios(parse_conditions("half"), [32], 1, 0, ["rank_stall"])
+    for sc in (s for _, s in runs if s.fault is not None and s.fault.severity in (1.3, 1.5)):
+        r = run_scenario(sc)
+        assert r.top1, (sc.job, r.incidents)
+        assert r.false_device == 0, (sc.job, r.incidents)
+
+
 def test_congested_switch_is_named_not_one_of_its_nodes():
     r = run_scenario(_scenario("switch", 2.0, gpus=256))
     assert r.top1 and r.kind_ok, r.incidents

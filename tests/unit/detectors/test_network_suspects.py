@@ -233,3 +233,44 @@ def test_a_switch_is_judged_by_the_instances_that_can_tell_it_apart():
         ("switch:a", "switch")]
     # one NIC: n0's pipeline transfers are slower than n1's, and that tells the switch apart
     assert [(e, k) for e, k, _ in _stage_per_switch({"dp.0", "pp.0"})] == [("node:n0", "link")]
+
+
+def _pipelines(slow_sender: str, factor: float):
+    """Two pipelines of three nodes (a0→a1→a2, b0→b1→b2; one rank each), six microbatches
+    forward and back. `slow_sender`'s sends take `factor` × 10 ms: a NIC slow one way (a
+    rate limit on its egress), whose received transfers are on time."""
+    ops: dict[str, list] = {f"{p}{s}": [] for p in "ab" for s in range(3)}
+    t = 0.0
+    for m in range(6):
+        for p in "ab":
+            hops = [(f"{p}0", f"{p}1"), (f"{p}1", f"{p}2"), (f"{p}2", f"{p}1"), (f"{p}1", f"{p}0")]
+            for h, (src, dst) in enumerate(hops):
+                dur = 10.0 * (factor if src == slow_sender else 1.0) * (1 + 0.002 * ((m + h) % 3))
+                group = "pp." + "".join(sorted((src, dst)))
+                ops[src].append(("p2p", "send", group, 2 * m + (h >= 2), t, dur, 1 << 16))
+                ops[dst].append(("p2p", "recv", group, 2 * m + (h >= 2), t, dur, 1 << 16))
+                t += 20.0
+    names = sorted(ops)
+    frame = frame_of([rank_step(r, n, 0, ops[n]) for r, n in enumerate(names)])
+    feats = step_features(frame)
+    out = Candidates()
+    network_suspects(frame, feats, Topology(), transfer_reference(feats.inst), out)
+    return out
+
+
+def test_a_nic_slow_one_way_is_read_by_what_it_sends():
+    """Node a1's sends, to a2 and back to a0, are ×1.12; what it receives is on time. Over
+    every transfer through it the excess reads half (the all-reduces of a large job, whose
+    shortest copies are its own, dilute it further: a ÷1.5 NIC of an 8,192-GPU job sat
+    at z 3.5 for good). Its sends alone read whole, and name its NIC."""
+    out = _pipelines("a1", 1.12)
+    assert out.entity[:1] == ["node:a1"] and out.kind[:1] == ["link"], (out.entity, out.detail)
+    assert out.detail[0].startswith("outgoing pipeline transfers ×1.12 on 12 of 12"), out.detail
+    assert out.z[0] >= 3.0
+
+
+def test_a_nodes_sends_to_one_node_are_no_nic_of_its_own():
+    """a0 sends only to a1: its egress and a1's ingress slow the same transfers, so its
+    sends alone do not name its NIC."""
+    out = _pipelines("a0", 1.5)
+    assert not any(d.startswith("outgoing") for d in out.detail), (out.entity, out.detail)
