@@ -56,6 +56,7 @@ class Instances:
     copy_wait_s: np.ndarray  # (C,) own duration - transfer: time spent waiting for peers
     copy_late_s: np.ndarray  # (C,) mean duration - own duration: arrived later than average
     send_rank: np.ndarray  # (I,) rank index of a p2p instance's send copy, -1 for the rest
+    recv_rank: np.ndarray  # (I,) rank index of a p2p instance's recv copy, -1 for the rest
 
 
 @dataclass(slots=True)
@@ -177,10 +178,7 @@ def _instances(frame: StepFrame, ri: np.ndarray) -> Instances:
     other = node != frame.node[ri[first]][ids]
     cross = np.bincount(ids, weights=other, minlength=n_inst) > 0
     nbytes = frame.op_bytes[first]  # the signature's size; all_to_all members may differ
-    send_rank = np.full(n_inst, -1, dtype=np.int64)
-    if "send" in frame.names:
-        is_send = (frame.op_kind[rows] == P2P) & (frame.op_name[rows] == frame.names.index("send"))
-        send_rank[ids[is_send]] = ri[rows[is_send]]
+    send_rank, recv_rank = _p2p_ends(frame, ri, rows, ids, n_inst)
     return Instances(
         group=frame.op_group[first],
         seq=frame.op_seq[first],
@@ -196,7 +194,21 @@ def _instances(frame: StepFrame, ri: np.ndarray) -> Instances:
         copy_wait_s=dur - transfer[ids],
         copy_late_s=mean[ids] - dur,
         send_rank=send_rank,
+        recv_rank=recv_rank,
     )
+
+
+def _p2p_ends(frame: StepFrame, ri: np.ndarray, rows: np.ndarray, ids: np.ndarray,
+              n_inst: int) -> tuple[np.ndarray, np.ndarray]:
+    """(I,) each p2p instance's send and recv copy's rank index (-1 where it has none):
+    which way its data went, for a NIC slow one way (`network_suspects._add_egress`)."""
+    out = [np.full(n_inst, -1, dtype=np.int64) for _ in range(2)]
+    p2p = np.flatnonzero(frame.op_kind[rows] == P2P)
+    for end, op in zip(out, ("send", "recv"), strict=True):
+        if op in frame.names:
+            at = p2p[frame.op_name[rows[p2p]] == frame.names.index(op)]
+            end[ids[at]] = ri[rows[at]]
+    return out[0], out[1]
 
 
 def routed_compute(frame: StepFrame, ri: np.ndarray, dur_s: np.ndarray) -> np.ndarray:

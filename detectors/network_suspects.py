@@ -288,7 +288,7 @@ def network_suspects(
     inc_inst.append(p_inst)
     single = one_link(frame, topo)
     if not single:
-        _add_egress(frame, inst.send_rank[idx], c_pos, c_node, ent_names, ent_kinds,
+        _add_egress(frame, inst.send_rank[idx], inst.recv_rank[idx], ent_names, ent_kinds,
                     ent_nodes, ent_what, inc_ent, inc_inst)
     # a pair of nodes is an entity of its own for its p2p transfers (a pipeline link), and,
     # in a job of two nodes, for every transfer across them (the only link there is)
@@ -385,8 +385,7 @@ def network_suspects(
 def _add_egress(
     frame: StepFrame,
     send_rank: np.ndarray,
-    c_pos: np.ndarray,
-    c_node: np.ndarray,
+    recv_rank: np.ndarray,
     names: list[str],
     kinds: list[str],
     nodes: list[np.ndarray],
@@ -405,22 +404,15 @@ def _add_egress(
     A node whose sends all go to one node is left out: its egress and that node's ingress
     slow the same transfers, and the link between them is as far as the data goes.
 
-    `send_rank`: (n,) the usable instances' send copy's rank (-1: none); `c_pos`, `c_node`:
-    each usable copy's instance position and node."""
-    at = np.flatnonzero(send_rank >= 0)
+    `send_rank`, `recv_rank`: (n,) the usable instances' send and recv copy's rank (-1:
+    none)."""
+    at = np.flatnonzero((send_rank >= 0) & (recv_rank >= 0))
+    sender, to = frame.node[send_rank[at]], frame.node[recv_rank[at]]
+    across = sender != to
+    at, sender, to = at[across], sender[across], to[across]
     if at.size == 0:
         return
-    sender = frame.node[send_rank[at]]
     n_nodes = len(frame.nodes)
-    # the node at each send's other end: its instance's copy on another node than the sender
-    other = np.full(send_rank.size, -1)
-    differ = c_node != frame.node[np.maximum(send_rank, 0)][c_pos]
-    other[c_pos[differ]] = c_node[differ]
-    to = other[at]
-    ok = to >= 0
-    at, sender, to = at[ok], sender[ok], to[ok]
-    if at.size == 0:
-        return
     route = unique_ints(sender.astype(np.int64) * n_nodes + to)
     fan_out = np.bincount(route // n_nodes, minlength=n_nodes)
     keep = fan_out[sender] >= 2
