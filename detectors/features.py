@@ -55,8 +55,15 @@ class Instances:
     copy_rank: np.ndarray  # (C,) rank index
     copy_wait_s: np.ndarray  # (C,) own duration - transfer: time spent waiting for peers
     copy_late_s: np.ndarray  # (C,) mean duration - own duration: arrived later than average
-    send_rank: np.ndarray  # (I,) rank index of a p2p instance's send copy, -1 for the rest
-    recv_rank: np.ndarray  # (I,) rank index of a p2p instance's recv copy, -1 for the rest
+    send_copy: np.ndarray  # (I,) position of a p2p instance's send copy among the C, else -1
+    recv_copy: np.ndarray  # (I,) position of a p2p instance's recv copy among the C, else -1
+
+    def copy_rank_at(self, copy: np.ndarray) -> np.ndarray:
+        """Rank index of each copy position in `copy` (-1 stays -1): e.g. which rank sent
+        each p2p instance, `copy_rank_at(send_copy)`."""
+        if self.copy_rank.size == 0:
+            return np.full(copy.size, -1, dtype=np.int64)
+        return np.where(copy >= 0, self.copy_rank[np.maximum(copy, 0)], -1)
 
 
 @dataclass(slots=True)
@@ -178,7 +185,7 @@ def _instances(frame: StepFrame, ri: np.ndarray) -> Instances:
     other = node != frame.node[ri[first]][ids]
     cross = np.bincount(ids, weights=other, minlength=n_inst) > 0
     nbytes = frame.op_bytes[first]  # the signature's size; all_to_all members may differ
-    send_rank, recv_rank = _p2p_ends(frame, ri, rows, ids, n_inst)
+    send_copy, recv_copy = _p2p_ends(frame, rows, ids, n_inst)
     return Instances(
         group=frame.op_group[first],
         seq=frame.op_seq[first],
@@ -193,21 +200,22 @@ def _instances(frame: StepFrame, ri: np.ndarray) -> Instances:
         copy_rank=ri[rows],
         copy_wait_s=dur - transfer[ids],
         copy_late_s=mean[ids] - dur,
-        send_rank=send_rank,
-        recv_rank=recv_rank,
+        send_copy=send_copy,
+        recv_copy=recv_copy,
     )
 
 
-def _p2p_ends(frame: StepFrame, ri: np.ndarray, rows: np.ndarray, ids: np.ndarray,
-              n_inst: int) -> tuple[np.ndarray, np.ndarray]:
-    """(I,) each p2p instance's send and recv copy's rank index (-1 where it has none):
-    which way its data went, for a NIC slow one way (`network_suspects._add_egress`)."""
+def _p2p_ends(frame: StepFrame, rows: np.ndarray, ids: np.ndarray, n_inst: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """(I,) each p2p instance's send and recv copy's position among the copies `rows`
+    (-1 where it has none): which way its data went, for a NIC slow one way
+    (`network_suspects._add_egress`), and when, for a buffered send (`p2p.delivered`)."""
     out = [np.full(n_inst, -1, dtype=np.int64) for _ in range(2)]
     p2p = np.flatnonzero(frame.op_kind[rows] == P2P)
     for end, op in zip(out, ("send", "recv"), strict=True):
         if op in frame.names:
             at = p2p[frame.op_name[rows[p2p]] == frame.names.index(op)]
-            end[ids[at]] = ri[rows[at]]
+            end[ids[at]] = at
     return out[0], out[1]
 
 

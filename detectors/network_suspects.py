@@ -288,7 +288,8 @@ def network_suspects(
     inc_inst.append(p_inst)
     single = one_link(frame, topo)
     if not single:
-        _add_egress(frame, inst.send_rank[idx], inst.recv_rank[idx], ent_names, ent_kinds,
+        _add_egress(frame, inst.copy_rank_at(inst.send_copy[idx]),
+                    inst.copy_rank_at(inst.recv_copy[idx]), ent_names, ent_kinds,
                     ent_nodes, ent_what, inc_ent, inc_inst)
     # a pair of nodes is an entity of its own for its p2p transfers (a pipeline link), and,
     # in a job of two nodes, for every transfer across them (the only link there is)

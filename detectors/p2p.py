@@ -49,7 +49,7 @@ from detectors.clocks import NodeClocks, join_by_p2p, step_clocks
 from detectors.features import Instances
 from schemas.clock import NS_PER_S
 from schemas.frame import StepFrame
-from schemas.rankstep import COMPUTE, P2P
+from schemas.rankstep import COMPUTE
 
 _S_PER_NS = 1 / NS_PER_S
 
@@ -66,31 +66,17 @@ def delivered(frame: StepFrame, inst: Instances, known_ns: np.ndarray | None = N
     ids, transfer = inst.copy_inst, inst.transfer_s
     clocks = (step_clocks(frame, rows, ids, inst.group, inst.kind, inst.cross_node)
               if known_ns is None else NodeClocks(known_ns, np.zeros(known_ns.size, np.int64)))
-    p2p = np.flatnonzero(frame.op_kind[rows] == P2P)  # positions in `rows`
-    if p2p.size == 0 or "send" not in frame.names or "recv" not in frame.names:
-        return transfer, clocks
-    name = frame.op_name[rows[p2p]]
-    origin = (frame.t_start_ns - frame.t_start_ns.min()).astype(np.float64)
-    n = transfer.size
-    # each side's node and (start, end) on its node's clock, gathered in row order (a large
-    # job's step has millions of rows), and where each instance's is among them
-    nodes, spans, where = [], [], []
-    for op in ("send", "recv"):
-        at = p2p[name == frame.names.index(op)]
-        row = rows[at]
-        rank = frame.rank_index_of(row)
-        start = origin[rank] + frame.op_start_ns[row]
-        nodes.append(frame.node[rank])
-        spans.append(np.stack([start, start + frame.op_dur_ns[row]], axis=1))
-        pos = np.full(n, -1)
-        pos[ids[at]] = np.arange(at.size)
-        where.append(pos)
-    pair = np.flatnonzero((where[0] >= 0) & (where[1] >= 0))
+    pair = np.flatnonzero((inst.send_copy >= 0) & (inst.recv_copy >= 0))
     if pair.size == 0:
         return transfer, clocks
-    s_at, r_at = where[0][pair], where[1][pair]
-    s_node, r_node = nodes[0][s_at], nodes[1][r_at]
-    send, recv = spans[0][s_at], spans[1][r_at]
+    origin = (frame.t_start_ns - frame.t_start_ns.min()).astype(np.float64)
+    # each side's node and (start, end) on its node's clock
+    ends = []
+    for copy in (inst.send_copy[pair], inst.recv_copy[pair]):
+        row, rank = rows[copy], inst.copy_rank[copy]
+        start = origin[rank] + frame.op_start_ns[row]
+        ends.append((frame.node[rank], np.stack([start, start + frame.op_dur_ns[row]], axis=1)))
+    (s_node, send), (r_node, recv) = ends
     if known_ns is None:
         clocks = join_by_p2p(clocks, s_node, r_node, send - clocks.offset_ns[s_node, None],
                              recv - clocks.offset_ns[r_node, None])
