@@ -108,20 +108,36 @@ class OwnPast:
     top: np.ndarray
 
     def slow(self, transfer_s: np.ndarray) -> np.ndarray:
-        """(I,) bool: slower than its own past allows (False where it has none): over its
-        slowest and 3σ over its usual, or `new`."""
-        known = np.isfinite(self.ref) & (self.ref > 0)
-        ell = np.log(np.maximum(transfer_s, 1e-12) / np.where(known, self.ref, 1.0))
-        bar = np.maximum(3 * np.maximum(np.nan_to_num(self.sigma), _NET_SIGMA_FLOOR),
-                         _NET_MIN_RATIO)
-        top = np.nan_to_num(self.top, nan=np.inf)
-        return known & (((ell > bar) & (transfer_s > top)) | self.new(transfer_s))
+        """(I,) bool: slower than its own past allows (`slow_against_past`)."""
+        return slow_against_past(transfer_s, self.ref, self.sigma, self.top)
 
     def new(self, transfer_s: np.ndarray) -> np.ndarray:
-        """(I,) bool: twice its slowest past transfer, whatever its spread: a small
-        transfer's past on a busy host is bimodal (0.2 ms, or a few ms when its thread was
-        descheduled), its MAD ×6, and only this says that 270 ms is a fault."""
-        return transfer_s > _OVER_TOP * np.nan_to_num(self.top, nan=np.inf)
+        """(I,) bool: twice its slowest past transfer (`new_against_past`)."""
+        return new_against_past(transfer_s, self.top)
+
+    def or_else(self, other: OwnPast) -> OwnPast:
+        """This past where it has one, else `other`'s (its signature's, `signature_history`)."""
+        mine = np.isfinite(self.ref) & (self.ref > 0)
+        return OwnPast(*(np.where(mine, a, b) for a, b in (
+            (self.ref, other.ref), (self.sigma, other.sigma), (self.top, other.top))))
+
+
+def slow_against_past(transfer_s: np.ndarray, usual: np.ndarray, sigma: np.ndarray,
+                      top: np.ndarray) -> np.ndarray:
+    """(n,) bool: slower than a past (its usual, log-space noise and slowest; NaN: none)
+    allows: over its slowest and 3σ over its usual (10% at least), or `new_against_past`."""
+    known = np.isfinite(usual) & (usual > 0)
+    ell = np.log(np.maximum(transfer_s, 1e-12) / np.where(known, usual, 1.0))
+    bar = np.maximum(3 * np.maximum(np.nan_to_num(sigma), _NET_SIGMA_FLOOR), _NET_MIN_RATIO)
+    over_top = transfer_s > np.nan_to_num(top, nan=np.inf)
+    return known & ((ell > bar) & over_top | new_against_past(transfer_s, top))
+
+
+def new_against_past(transfer_s: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """(n,) bool: twice the slowest of its past (NaN: none), whatever its spread: a small
+    transfer's past on a busy host is bimodal (0.2 ms, or a few ms when its thread was
+    descheduled), its MAD ×6, and only this says that 270 ms is a fault."""
+    return transfer_s > _OVER_TOP * np.nan_to_num(top, nan=np.inf)
 
 
 def layout_sizes(groups: list[str], group_size: dict[str, int]) -> np.ndarray:
@@ -169,7 +185,7 @@ def reference_and_peers(inst: Instances, single_link: bool = False
     if single_link:
         count[idx] = 1
         return ref, count
-    sig, n_sig = _signatures(inst, idx)
+    sig, n_sig = signatures(inst, idx)
     count[idx] = np.bincount(sig, minlength=n_sig)[sig]
     ok = count[idx] >= 3
     if ok.any():
@@ -178,7 +194,7 @@ def reference_and_peers(inst: Instances, single_link: bool = False
     return ref, count
 
 
-def _signatures(inst: Instances, idx: np.ndarray) -> tuple[np.ndarray, int]:
+def signatures(inst: Instances, idx: np.ndarray) -> tuple[np.ndarray, int]:
     """The signature code of each instance `idx` names (kind, op, bytes, copies), and how
     many there are."""
     _, bcode = int_codes(inst.bytes[idx])
@@ -220,13 +236,16 @@ def network_suspects(
     own: OwnPast | None = None,
     burst: Burst | None = None,
     clocks_ns: np.ndarray | None = None,
+    usual_signature: np.ndarray | None = None,
 ) -> None:
     """Add the step's `link` (NIC or node pair) and `switch` suspects to `out`; `full_ref` is
     `transfer_reference(feats.inst)`, `own` each instance's own past
     (`TransferHistory.reference`), `burst` the step if it at least doubled (`burst_of`): the
     first entity found, if it stands out by a σ at least (`_BURST_MIN_Z`), is then as
     significant as the step, in the share of its lost seconds that its slow transfers carry
-    (read on `clocks_ns`, the nodes' clocks as the healthy steps showed them, when known).
+    (read on `clocks_ns`, the nodes' clocks as the healthy steps showed them, when known);
+    `usual_signature` (I,) whether each instance's signature ran its usual this step
+    (`signature_history`).
 
     An instance its step cannot compare is judged by its own past alone; one with both must
     be slow against both (few peers make the step's comparison fragile, and a job-wide
@@ -334,7 +353,10 @@ def network_suspects(
     on_switch = np.array([k == "switch" for k in ent_kinds])[ie]
     seen = np.ones(ie.size, dtype=bool)
     if on_switch.any():
-        seen[on_switch] = ~_blind_to(inst, idx, in_step, ie[on_switch], ii[on_switch], n_ent)
+        usual = (usual_signature[idx] if usual_signature is not None
+                 else np.zeros(idx.size, dtype=bool))
+        seen[on_switch] = ~_blind_to(inst, idx, in_step & ~usual, ie[on_switch], ii[on_switch],
+                                     n_ent)
     cnt_seen = np.bincount(ie, weights=seen, minlength=n_ent)
     refuted = np.zeros(n_ent, dtype=bool)
     if frame.n_ranks < topo.world:
@@ -448,11 +470,15 @@ def _blind_to(
     Only a switch is spared them: a node's or a link's on-time instances keep counting
     against it, which is what prefers the narrowest entity when the step cannot tell (a
     slow pipeline link and the NIC of either end, whose stage's all-reduces all cross it).
-    An instance judged by its own past is always seen."""
+    An instance judged by its own past is always seen, and so is one whose signature ran its
+    usual this step (`signature_history`): were the entity slow, that usual would have moved
+    with it. With one node's agent down, a stage's data-parallel all-reduces on time under
+    leaf b were spared b, which then tied with the pipeline link its transfers crossed and
+    was named for it."""
     blind = np.zeros(ie.size, dtype=bool)
     if not in_step.any():
         return blind
-    sig, n_sig = _signatures(inst, idx)
+    sig, n_sig = signatures(inst, idx)
     peers = np.bincount(sig, weights=in_step, minlength=n_sig)
     key = ie.astype(np.int64) * n_sig + sig[ii]
     touching = np.bincount(key, weights=in_step[ii], minlength=n_ent * n_sig)

@@ -60,6 +60,7 @@ def step_suspects(
     burst: Burst | None = None,
     two_stages: TwoStages | None = None,
     clocks_ns: np.ndarray | None = None,
+    usual_signature: np.ndarray | None = None,
 ) -> Candidates:
     """All suspects of one step with their significance (robust z) and cost in seconds.
 
@@ -69,7 +70,8 @@ def step_suspects(
     `burst` the step if it at least doubled (`network_suspects.burst_of`); `two_stages` the job's
     memory of its two stages (`compute_suspects.TwoStages`); `clocks_ns` its nodes' clock
     offsets as its healthy steps read them (`whatif.UsualStep.clocks_of`), for a burst's
-    transfers;
+    transfers; `usual_signature` (I,) whether each instance's signature ran its usual this step
+    (`signature_history.SignatureCheck.usual`);
     `waits` is the job's memory of partially traced groups' waits (without it, nothing is
     said of untraced members). A single rank has no peers, hence no suspects."""
     out = Candidates()
@@ -77,7 +79,7 @@ def step_suspects(
         return out
     compute_suspects(frame, feats, ratio, noise, out, stages, two_stages)
     host_suspects(frame, feats, stages, noise, out)
-    network_suspects(frame, feats, topo, ref, out, own, burst, clocks_ns)
+    network_suspects(frame, feats, topo, ref, out, own, burst, clocks_ns, usual_signature)
     if waits is not None and frame.n_ranks < topo.world:  # only partial tracing has them
         untraced_suspects(frame, feats, topo, stages, noise, waits, out)
     return out

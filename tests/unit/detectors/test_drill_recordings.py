@@ -107,6 +107,18 @@ def test_a_significant_slowdown_that_costs_nothing_opens_no_incident():
             ] == [("gpu", "rank:2")]
 
 
+def test_a_link_significant_on_steps_the_job_ran_faster_than_usual_waits():
+    """Every rank traced on a machine running 8 ranks on 2 cores, rank 2 throttled from step
+    27 (CI's live slow-rank drill). Before the fault the tiny pipeline sends between node-0
+    and node-2 took ×5.6 their usual on steps 7, 10 and 11 (z 8.6, 4.5, 6.7; 5-18 ms of
+    0.32 s steps), while the job's steps ran faster than its usual: three significant steps
+    in five confirmed the link and paged it at step 11. The job never felt it, so it waits
+    for one more significant step, which never came."""
+    [(opened, kind, culprit)] = _device_incidents("all-throttled-rank2-link-wakeups.jsonl.gz")
+    assert (kind, culprit) == ("gpu", "rank:2")
+    assert ONSET - 1 <= opened <= ONSET + 3
+
+
 def test_a_nic_is_named_when_each_step_runs_two_of_each_transfer():
     """Node-1's NIC held to 20 Mbit/s, one rank per node traced: a step has two traced
     data-parallel all-reduces across nodes and two of each pipeline send, too few to tell
