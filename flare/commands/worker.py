@@ -65,6 +65,7 @@ def build_api(db: Any, pipeline: Any, api_key: SecretStr | None = None,
     /v1 needs `api_key` when one is set), and POST /v1/sql over `sql`, a read-only session
     (`storage.adhoc`): the worker owns an embedded store, so SQL reaches it only here."""
     from api.app import create_app
+    from streams.worker import memory_in_use
 
     def ready() -> tuple[bool, str]:
         r = pipeline.readiness()
@@ -75,9 +76,9 @@ def build_api(db: Any, pipeline: Any, api_key: SecretStr | None = None,
     @app.get("/worker/stats", tags=["health"])
     async def worker_stats() -> dict[str, Any]:
         """This worker's counters: records, dead letters by topic and cause, lag per
-        partition, jobs held. (async: it runs on the worker's loop, never concurrently
-        with the pipeline it reads.)"""
-        return pipeline.snapshot()
+        partition, jobs held, and the memory its allocators hold live (`memory`). (async:
+        it runs on the worker's loop, never concurrently with the pipeline it reads.)"""
+        return {**pipeline.snapshot(), "memory": memory_in_use()}
 
     return app
 

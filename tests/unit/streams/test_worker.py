@@ -83,3 +83,31 @@ def test_a_tuned_worker_reuses_a_freed_step_sized_block_without_new_page_faults(
     assert applied == "True"
     assert plain >= 8_000  # 16,384 pages of 4 KB touched afresh
     assert tuned < plain / 20
+
+
+_HELD = """
+from streams.worker import memory_in_use, tune_malloc
+tune_malloc()
+before = memory_in_use()
+block = bytearray(64 << 20)  # a step's array
+held = memory_in_use()
+del block
+after = memory_in_use()
+in_use = (round(m["heap_in_use_mb"]) for m in (before, held, after))
+print(*in_use, round(after["heap_kept_free_mb"]))
+"""
+
+
+def test_the_memory_a_freed_step_held_shows_as_kept_not_in_use() -> None:
+    """A tuned worker keeps a freed step's memory resident (`tune_malloc`), so its RSS
+    cannot say whether state was freed: the heap's in-use figure can. In a child process
+    (the tuning is process-wide)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _HELD], capture_output=True, text=True,
+                         check=True).stdout.split()
+    before, held, after, kept = (int(v) for v in out)
+    assert held - before >= 63
+    assert after - before <= 1
+    assert kept >= 63
