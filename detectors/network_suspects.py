@@ -58,6 +58,7 @@ _NET_MIN_RATIO = np.log(1.1)  # a transfer 10% over its peers is the smallest we
 _NET_ROUNDS = 3  # entities found per step at most: concurrent faults, not every bystander
 _NODE_TIE = 0.95  # a node within 5% of the best one's score is a tie
 _OVER_TOP = 2.0  # twice the slowest transfer of its own past is new whatever its spread
+_MAD_TO_SIGMA = 1.4826
 _BURST_Z_CLIP = 10.0  # a doubled step's significance, as far as one step may weigh
 _BURST_TIE = 0.9  # another node that lost this share of a burst's seconds too is a tie
 # a burst's entity stands out by this many σ on its own (a congested spine doubles a step
@@ -120,6 +121,16 @@ class OwnPast:
         mine = np.isfinite(self.ref) & (self.ref > 0)
         return OwnPast(*(np.where(mine, a, b) for a, b in (
             (self.ref, other.ref), (self.sigma, other.sigma), (self.top, other.top))))
+
+
+def summarize_past(past: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(n,) usual, log-space noise and slowest of each row of `past` (n, depth): transfers
+    remembered, NaN where none (`transfer_history`, `signature_history`). The usual is the
+    median, the noise the MAD in log space as a σ."""
+    logs = np.log(np.maximum(past, 1e-12))
+    mid = np.nanmedian(logs, axis=1)
+    sigma = _MAD_TO_SIGMA * np.nanmedian(np.abs(logs - mid[:, None]), axis=1)
+    return np.exp(mid), sigma, np.nanmax(past, axis=1)
 
 
 def slow_against_past(transfer_s: np.ndarray, usual: np.ndarray, sigma: np.ndarray,

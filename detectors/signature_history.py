@@ -71,11 +71,15 @@ import numpy as np
 from detectors.base import Stateful
 from detectors.evidence import WINDOW
 from detectors.features import Instances
-from detectors.network_suspects import OwnPast, new_against_past, signatures, slow_against_past
+from detectors.network_suspects import (
+    OwnPast,
+    new_against_past,
+    signatures,
+    slow_against_past,
+    summarize_past,
+)
+from detectors.transfer_history import MIN_PAST
 from schemas.frame import StepFrame
-
-_MIN_PAST = 5  # references of its own before a signature's past is a reference
-_MAD_TO_SIGMA = 1.4826
 
 SignatureKey = tuple[int, str, int, int]  # kind, op, bytes, copies
 
@@ -118,13 +122,13 @@ class SignatureHistory(Stateful):
             inst.n_copies[at].tolist(), strict=True)]
         now = ref[at]
         usual, sigma, top = (np.full(n_sig, np.nan) for _ in range(3))
-        for j, key in enumerate(keys):
-            kept = self._past.get(key)
-            if kept is not None and len(kept) >= _MIN_PAST:
-                logs = np.log(np.asarray(kept))
-                mid = float(np.median(logs))
-                usual[j], top[j] = np.exp(mid), max(kept)
-                sigma[j] = _MAD_TO_SIGMA * float(np.median(np.abs(logs - mid)))
+        known = [j for j, key in enumerate(keys) if len(self._past.get(key, ())) >= MIN_PAST]
+        if known:
+            ring = np.full((len(known), self.depth), np.nan)
+            for row, j in enumerate(known):
+                kept = self._past[keys[j]]
+                ring[row, :len(kept)] = kept
+            usual[known], sigma[known], top[known] = summarize_past(ring)
         shifted = slow_against_past(now, usual, sigma, top)
         usual_here[idx] = (np.isfinite(usual) & ~shifted)[sig]
         out = ref

@@ -66,13 +66,12 @@ import numpy as np
 from detectors.base import Stateful
 from detectors.evidence import WINDOW
 from detectors.features import Instances
-from detectors.network_suspects import OwnPast, slow_within_step
+from detectors.network_suspects import OwnPast, slow_within_step, summarize_past
 from schemas.frame import StepFrame
 
 FEW_PEERS = 16  # instances of a signature in a step under which each has its own past
 _MAX_KNOWN = 4096  # instances per step remembered at most: a bound on the per-step work
-_MIN_PAST = 5  # transfers of its own before an instance's past is a reference
-_MAD_TO_SIGMA = 1.4826
+MIN_PAST = 5  # transfers of its own before an instance's past is a reference
 
 InstanceKey = tuple[str, str, int, int, int]  # group, op, bytes, copies, place in its group
 
@@ -128,15 +127,11 @@ class TransferHistory(Stateful):
         rows = self._rows(keys, add=False)
         known = rows >= 0
         rows, idx = rows[known], idx[known]
-        enough = self._count[rows] >= _MIN_PAST
+        enough = self._count[rows] >= MIN_PAST
         rows, idx = rows[enough], idx[enough]
         if rows.size == 0:
             return own
-        logs = np.log(np.maximum(self._ring[rows], 1e-12))
-        mid = np.nanmedian(logs, axis=1)
-        own.ref[idx] = np.exp(mid)
-        own.sigma[idx] = _MAD_TO_SIGMA * np.nanmedian(np.abs(logs - mid[:, None]), axis=1)
-        own.top[idx] = np.nanmax(self._ring[rows], axis=1)
+        own.ref[idx], own.sigma[idx], own.top[idx] = summarize_past(self._ring[rows])
         return own
 
     def _rows(self, keys: list[InstanceKey], add: bool) -> np.ndarray:
