@@ -100,7 +100,10 @@ def compute_suspects(
         # -d/2, so with fewer than three pairs half of all residuals carry the fault and the
         # spread estimate breaks down; then the node is the better reference
         usable = (size >= 3) | ((size == 2) & (n_rep >= 3))
-        g = np.where(usable, x - rep_x, g)
+        # and a pair's residual says that one of the two differs, not which: the member
+        # whose node or stage says it computes no slower is not the one (a drill's rank
+        # whose TP partner got a core to itself and ran 5x faster read +80% vs the pair)
+        g = np.where(usable, np.where(size == 2, np.minimum(x - rep_x, g), x - rep_x), g)
         reference = np.where(usable, 0, reference)
     # Each reference has its own noise: a replica cancels data-dependent jitter, a node or
     # the stage does not. With partial tracing some ranks lose their replica; judged by the

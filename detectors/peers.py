@@ -2,7 +2,8 @@
 
 Pipeline stages differ in work (embedding, loss), so a rank is compared with the ranks of its
 own stage: the `pp` coordinate when producers send coords, otherwise ranks with the same mix
-of compute ops (same names, same counts), which is what a stage looks like from outside.
+of compute ops and transfers (same names, same counts, the same way first), which is what a
+stage looks like from outside.
 
 Without coords, ranks 0–1 run the first stage's kernels and ranks 2–3 the last stage's:
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from schemas.frame import StepFrame
-from schemas.rankstep import COMPUTE
+from schemas.rankstep import COMPUTE, P2P
 
 
 def stage_keys(frame: StepFrame) -> tuple[np.ndarray, int]:
@@ -33,14 +34,34 @@ def stage_keys(frame: StepFrame) -> tuple[np.ndarray, int]:
         uniq, inv = np.unique(pp, return_inverse=True)
         return inv.astype(np.int64), int(uniq.size)
     ri = frame.op_rank_index()
-    comp = frame.op_kind == COMPUTE
+    mix = (frame.op_kind == COMPUTE) | (frame.op_kind == P2P)
     n_names = max(len(frame.names), 1)
-    cell = ri[comp] * n_names + frame.op_name[comp]
+    cell = ri[mix] * n_names + frame.op_name[mix]
     counts = np.bincount(cell, minlength=frame.n_ranks * n_names).reshape(frame.n_ranks, n_names)
     if counts.size == 0:
         return np.zeros(frame.n_ranks, dtype=np.int64), 1
-    uniq, inv = np.unique(counts, axis=0, return_inverse=True)
+    uniq, inv = np.unique(np.column_stack([counts, _sends_first(frame, ri)]), axis=0,
+                          return_inverse=True)
     return inv.reshape(-1).astype(np.int64), int(uniq.shape[0])
+
+
+def _sends_first(frame: StepFrame, ri: np.ndarray) -> np.ndarray:
+    """(R,) 1 where a rank's first transfer of the step is a send, 0 a receive, -1 none.
+
+    A pipeline's first stage sends its activations before it receives anything; every
+    later stage receives first. Where one compute op stands for all of a step's kernels (a
+    GPU trace's `gpu_compute`) the compute mix is the same on every stage, and this (with
+    the counts of sends and receives: a middle stage talks to two neighbours) is what tells
+    the stages apart."""
+    out = np.full(frame.n_ranks, -1, dtype=np.int64)
+    p2p = np.flatnonzero(frame.op_kind == P2P)
+    if p2p.size == 0:
+        return out
+    p2p = p2p[np.lexsort((frame.op_start_ns[p2p], ri[p2p]))]
+    first = p2p[np.r_[True, ri[p2p][1:] != ri[p2p][:-1]]]
+    send = np.fromiter((n == "send" for n in frame.names), dtype=bool, count=len(frame.names))
+    out[ri[first]] = send[frame.op_name[first]]
+    return out
 
 
 def replica_keys(frame: StepFrame) -> tuple[np.ndarray, int] | None:

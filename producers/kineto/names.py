@@ -42,6 +42,7 @@ _DESC_KIND = re.compile(r"(?:^|[_\-.:])(tp|dp|pp|ep|cp)$")
 _SAFE = re.compile(r"[^A-Za-z0-9_\-:]")
 UNKNOWN_GROUP = "pg.unknown"
 _THREAD_PREFIX = UNKNOWN_GROUP + "-t"  # a gloo op's group until its thread's is inferred
+_STREAM_PREFIX = UNKNOWN_GROUP + "-s"  # an NCCL kernel's with no group, until inferred
 
 
 def canonical(name: str) -> str | None:
@@ -132,3 +133,14 @@ def thread_group(tid: Any) -> str:
 def thread_of(group: str) -> str | None:
     """The thread of a `thread_group` placeholder, else None."""
     return group[len(_THREAD_PREFIX):] if group.startswith(_THREAD_PREFIX) else None
+
+
+def stream_group(stream: Any) -> str:
+    """Placeholder group of an unlabelled NCCL kernel run on CUDA stream `stream` (see
+    `streams`)."""
+    return f"{_STREAM_PREFIX}{stream}"
+
+
+def stream_of(group: str) -> str | None:
+    """The stream of a `stream_group` placeholder, else None."""
+    return group[len(_STREAM_PREFIX):] if group.startswith(_STREAM_PREFIX) else None

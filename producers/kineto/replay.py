@@ -22,6 +22,7 @@ import orjson
 from producers.kineto.groups import ProcessGroup, assign_threads
 from producers.kineto.names import UNKNOWN_GROUP, group_name
 from producers.kineto.peers import p2p_candidates, pick_peers
+from producers.kineto.streams import assign_streams
 from producers.kineto.trace import (
     KinetoError,
     NoSteps,
@@ -29,6 +30,7 @@ from producers.kineto.trace import (
     p2p_posted,
     parse_trace,
     relabel,
+    stream_ops,
     thread_ops,
 )
 from schemas import topics
@@ -102,20 +104,35 @@ def _windows_joined(traces: list[RankTrace]) -> list[RankTrace]:
 
 
 def _groups_inferred(traces: list[RankTrace]) -> None:
-    """Ops with no group in the trace (gloo's) get one, inferred across all ranks: a
-    collective the group its worker thread serves (`groups.assign_threads`), a send or
-    receive its pair's direction in the smallest group of the two (`peers`)."""
+    """Ops with no group in the trace get one, inferred across all ranks: a gloo collective
+    the group its worker thread serves (`groups.assign_threads`), a gloo send or receive its
+    pair's direction in the smallest group of the two (`peers`), an older NCCL trace's
+    kernel its stream's group, and its pair's direction for a send or receive (`streams`)."""
+    known = {t.rank: t.process_groups for t in traces}
     threads = {(t.rank, tid): ops for t in traces for tid, ops in thread_ops(t).items()}
-    found = assign_threads(threads, {t.rank: t.process_groups for t in traces})
+    found = assign_threads(threads, known)
+    lanes = assign_streams({(t.rank, s): ops for t in traces
+                            for s, ops in stream_ops(t).items()}, known,
+                           {t.rank: t.node for t in traces})
     posted = {t.rank: p2p_posted(t) for t in traces}
     for t in traces:
+        streams = {s: (_wire(g), _peer(g, t.rank)) for (rank, s), g in lanes.items()
+                   if rank == t.rank}
         mine = {tid: g for (rank, tid), g in found.items() if rank == t.rank}
         is_send, start, end = posted[t.rank]
         candidates = p2p_candidates(t.process_groups, {g.name for g in mine.values()})
         ways = list(zip(is_send.tolist(), pick_peers(t.rank, is_send, start, end,
                                                      candidates, posted).tolist(), strict=True))
         names = {way: _transfer(t, *way) for way in set(ways)}  # a few pairs, many ops
-        relabel(t, {tid: _wire(g) for tid, g in mine.items()}, [names[w] for w in ways])
+        relabel(t, {tid: _wire(g) for tid, g in mine.items()}, [names[w] for w in ways],
+                streams)
+
+
+def _peer(g: ProcessGroup, rank: int) -> int:
+    """The other member of a pair's group (where a send goes, a receive comes from); -1 for
+    a larger group."""
+    others = [r for r in g.ranks if r != rank]
+    return others[0] if len(others) == 1 else -1
 
 
 def _wire(g: ProcessGroup) -> str:

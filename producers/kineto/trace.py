@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict, deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,8 @@ from producers.kineto.names import (
     group_name,
     is_nccl_kernel,
     message_bytes,
+    stream_group,
+    stream_of,
     thread_group,
     thread_of,
 )
@@ -189,9 +191,12 @@ def _comm_ops(ev: _Events, clock: _Clock) -> list[Op]:
             wire, args = _wire_of(src)
             if wire is None:
                 wire, args = _wire_of(k)
-            corr = (k.get("args") or {}).get("correlation")
-            anchor = ev.launches.get(corr, src["ts"] if paired else k["ts"])
-            ops.append(_op_from(k, wire or "sendrecv", args, clock, anchor))
+            kargs = k.get("args") or {}
+            anchor = ev.launches.get(kargs.get("correlation"), src["ts"] if paired else k["ts"])
+            op = _op_from(k, wire or "sendrecv", args, clock, anchor)
+            if op.group == UNKNOWN_GROUP:  # an older trace: the group is its stream's
+                op.group = stream_group(kargs.get("stream", k.get("tid", "")))
+            ops.append(op)
         return ops
     if ev.gloo:
         issued: dict[str, deque[dict[str, Any]]] = defaultdict(deque)
@@ -348,12 +353,22 @@ def _seqs(step_no: int, groups: list[str]) -> list[int]:
 
 def thread_ops(trace: RankTrace) -> dict[str, ThreadOps]:
     """The rank's collectives whose group is still their worker thread's, by thread."""
+    return _lane_ops(trace, thread_of)
+
+
+def stream_ops(trace: RankTrace) -> dict[str, ThreadOps]:
+    """The rank's NCCL ops whose group is still their CUDA stream's, by stream, in the order
+    the stream ran them."""
+    return _lane_ops(trace, stream_of)
+
+
+def _lane_ops(trace: RankTrace, lane_of: Callable[[str], str | None]) -> dict[str, ThreadOps]:
     by: dict[str, tuple[list[str], list[int], list[int], list[int]]] = {}
     for m in trace.steps:
         ops = m["ops"]
         for g, n, st, d in zip(ops["group"], ops["name"], ops["start_ns"], ops["dur_ns"],
                                strict=True):
-            tid = thread_of(g)
+            tid = lane_of(g)
             if tid is not None:
                 names, ends, durs, steps = by.setdefault(tid, ([], [], [], []))
                 names.append(n)
@@ -380,16 +395,34 @@ def p2p_posted(trace: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 _P2P_COLUMNS = ("kind", "name", "group", "start_ns", "dur_ns")
 
 
-def relabel(trace: RankTrace, threads: Mapping[str, str], transfers: list[str]) -> None:
+def relabel(trace: RankTrace, threads: Mapping[str, str], transfers: list[str],
+            streams: Mapping[str, tuple[str, int]] | None = None) -> None:
     """Give the ops with no group in the trace their inferred groups, and number them again
     per group: collectives by their thread (`threads`: thread → wire name; others become
-    `pg.unknown`), p2p ops by `transfers` (one wire name each, in `p2p_posted` order)."""
+    `pg.unknown`), p2p ops by `transfers` (one wire name each, in `p2p_posted` order), and
+    an NCCL kernel by its stream (`streams`: stream → its group's wire name and, for a pair's
+    stream, the peer a send goes to or a receive comes from; -1 for a collective's; a stream
+    not there is the rank's own, whose instances no other rank's match)."""
     left = iter(transfers)
+    lanes = streams or {}
+
+    def inferred(kind: str, name: str, g: str) -> str:
+        if (t := thread_of(g)) is not None:
+            return threads.get(t, UNKNOWN_GROUP)
+        if (s := stream_of(g)) is not None:
+            wire, peer = lanes.get(s, (f"{UNKNOWN_GROUP}-r{trace.rank}-s{s}", -1))
+            if kind != "p2p" or peer < 0 or name not in P2P_NAMES:
+                return wire
+            src, dst = (trace.rank, peer) if name == "send" else (peer, trace.rank)
+            return f"{wire}.{src}-{dst}"
+        if kind == "p2p" and g == UNKNOWN_GROUP:
+            return next(left)
+        return g
+
     for m in trace.steps:
         ops = m["ops"]
-        groups = [next(left) if k == "p2p" and g == UNKNOWN_GROUP
-                  else g if (t := thread_of(g)) is None else threads.get(t, UNKNOWN_GROUP)
-                  for k, g in zip(ops["kind"], ops["group"], strict=True)]
+        groups = [inferred(k, n, g)
+                  for k, n, g in zip(ops["kind"], ops["name"], ops["group"], strict=True)]
         if groups == ops["group"]:
             continue
         comm = [i for i, k in enumerate(ops["kind"]) if k != "compute"]

@@ -56,6 +56,16 @@ def test_a_throttled_rank_whose_gaps_stand_out_more_than_its_compute_is_its_gpu(
     assert DEFAULT_ONSET - 1 <= opened <= DEFAULT_ONSET + 3
 
 
+def test_the_partner_of_a_rank_that_ran_fast_is_not_a_slow_gpu():
+    """Before the fault, on a machine loaded by other work, rank 5 computed 5× faster than
+    usual for a few steps (its phases 11 ms instead of 55) and waited for its TP partner,
+    rank 4, at every all-reduce. Against the pair rank 4 read +80%, against its stage -6%:
+    a GPU incident opened on it, saying it computed -6% slower. Then rank 2 was throttled."""
+    [(opened, kind, culprit)] = _device_incidents("all-throttled-rank2-partner-fast.jsonl.gz")
+    assert (kind, culprit) == ("gpu", "rank:2")
+    assert DEFAULT_ONSET - 1 <= opened <= DEFAULT_ONSET + 3
+
+
 def _hangs(name: str) -> list[tuple[int, str, str, str]]:
     res = diagnose_messages(recording_messages(str(DRILLS / name)))
     return sorted((i.opened_step, i.kind, i.culprit, i.summary) for i in res.incidents.values()

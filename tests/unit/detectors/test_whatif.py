@@ -281,7 +281,8 @@ def test_an_untraced_rank_that_waited_on_a_traced_culprit_is_early_without_it():
     for it, and every rank waits for rank 1 at the final all-reduce. Without rank 0's excess
     the untraced rank would have sent 20 ms earlier (it waited on rank 0); held to the time
     it sent, it would hide the whole cost. Ranks 2-5 receive on time from untraced senders
-    (5 ms, the typical transfer)."""
+    (5 ms, the typical transfer); ranks 6-7, rank 0's stage peers, send on time to untraced
+    receivers."""
     chains = {0: [("compute", "fwd", "", 0, 0.0, 30.0, 0),
                   ("p2p", "send", "pp.0", 1, 30.0, 5.0, 64)],
               1: [("compute", "fwd", "", 0, 0.0, 10.0, 0),
@@ -289,12 +290,15 @@ def test_an_untraced_rank_that_waited_on_a_traced_culprit_is_early_without_it():
     for r in range(2, 6):
         chains[r] = [("compute", "fwd", "", 0, 0.0, 10.0, 0),
                      ("p2p", "recv", f"pp.{r}", 1, 10.0, 5.0, 64)]
+    for r in (6, 7):
+        chains[r] = [("compute", "fwd", "", 0, 0.0, 10.0, 0),
+                     ("p2p", "send", f"pp.{r}", 1, 10.0, 5.0, 64)]
     msgs = []
     for r, ops in chains.items():
         last = ops[-1][4] + ops[-1][5]
         ops = [*ops, ("coll", "all_reduce", "dp.0", 1, last, 55.0 - last, 1024)]
         msgs.append(rank_step(r, f"n{r}", 0, ops))
-    cost = _cost(frame_of(msgs), "gpu", "rank:0", group_size={"pp": 2, "dp": 6})
+    cost = _cost(frame_of(msgs), "gpu", "rank:0", group_size={"pp": 2, "dp": 8})
     assert cost.actual_s == pytest.approx(0.055)
     assert cost.lost_s == pytest.approx(0.020, abs=1e-4)
 

@@ -1,10 +1,12 @@
-"""A synthetic Kineto trace of the modern NCCL kind, shared by the trace and replay tests."""
+"""Synthetic Kineto traces shared by the trace, replay and streams tests: the modern NCCL
+kind (`nccl_trace`), and an older kind made from simulated steps (`older_nccl_traces`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
 
@@ -37,3 +39,74 @@ def gpu_trace(rank: int, slow: float = 1.0) -> dict:
 def nccl_trace() -> Callable[..., dict[str, Any]]:
     """`nccl_trace(rank, slow=1.0)`: two steps of one rank (a slow rank's GEMM takes longer)."""
     return gpu_trace
+
+
+_NCCL_KERNEL = {  # wire name → the kernel NCCL 2.1x runs it as
+    "all_reduce": "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, "
+                  "ncclWork*)",
+    "all_gather": "ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, "
+                  "ncclWork*)",
+    "reduce_scatter": "ncclKernel_ReduceScatter_RING_LL_Sum_float(ncclDevComm*, unsigned "
+                      "long, ncclWork*)",
+    "broadcast": "ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, "
+                 "ncclWork*)",
+}
+_SENDRECV = "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def older_nccl_traces(messages: list[dict], seed: int = 0, labelled: bool = False
+                      ) -> dict[str, dict]:
+    """Simulated steps messages as the trace files torch < 2.2 writes for NCCL training, by
+    file name (`<host>_<pid>.<ts>.pt.trace.json`): no process group in any arg and no
+    `pg_config`; each group's kernels on a CUDA stream of its own on each rank (numbered
+    differently on each), a pipeline pair's sends and receives on the pair's stream; the
+    `nccl:*` annotations that issued them on the CPU; times in whole µs on each node's own
+    clock, and each copy of an instance ending up to 3 µs from the others (a hop)."""
+    rng = np.random.default_rng(seed)
+    skew_us: dict[str, int] = {}
+    by_rank: dict[int, list[dict]] = {}
+    for m in messages:
+        by_rank.setdefault(m["rank"], []).append(m)
+    out = {}
+    for rank, msgs in sorted(by_rank.items()):
+        node = msgs[0]["node"]
+        skew = skew_us.setdefault(node, int(rng.integers(-5_000, 5_000)))
+        streams: dict[str, int] = {}
+        ev: list[dict] = []
+        corr = 0
+
+        def us(ns: int, skew: int = skew) -> int:
+            return ns // 1000 + skew
+
+        for m in msgs:
+            t0 = m["t_start_ns"]
+            ev.append(_x(f"ProfilerStep#{m['step']}", us(t0), us(m["t_end_ns"]) - us(t0),
+                         cat="user_annotation"))
+            ops = m["ops"]
+            for kind, name, group, st, dur, nbytes in zip(
+                    ops["kind"], ops["name"], ops["group"], ops["start_ns"], ops["dur_ns"],
+                    ops["bytes"], strict=True):
+                corr += 1
+                start = us(t0 + st)
+                end = us(t0 + st + dur) + int(rng.integers(0, 4))
+                ev.append(_x("cudaLaunchKernel", start, 1, cat="cuda_runtime",
+                             correlation=corr))
+                if kind == "compute":
+                    ev.append(_x("sm80_xmma_gemm_f16f16_f16f32", start, end - start,
+                                 cat="kernel", pid=0, tid=7, correlation=corr,
+                                 device=m["local_rank"], stream=7))
+                    continue
+                lane = group if kind != "p2p" else "pair:" + group
+                stream = streams.setdefault(lane, 13 + 4 * len(streams) + rank % 3)
+                pg = {"Process Group Name": group} if labelled else {}
+                ev.append(_x(f"nccl:{name}", start, 1, cat="user_annotation",
+                             **{"Input Dims": [[nbytes // 4]], "Input type": ["float"]}, **pg))
+                ev.append(_x(_SENDRECV if kind == "p2p" else _NCCL_KERNEL[name], start,
+                             end - start, cat="kernel", pid=0, tid=stream, correlation=corr,
+                             device=m["local_rank"], stream=stream))
+        doc = {"schemaVersion": 1,
+               "distributedInfo": {"backend": "nccl", "rank": rank,
+                                   "world_size": len(by_rank)},
+               "traceEvents": ev}
+        out[f"{node}_{1000 + rank}.{1700000000 + rank}.pt.trace.json"] = doc
+    return out
