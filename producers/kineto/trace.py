@@ -14,10 +14,11 @@ the best source a trace has, because the generations differ:
 An op belongs to the step in which it was issued (the kernel's CPU launch, the c10d call), even
 when the GPU runs it after the step's CPU span has closed.
 
-Compute: on GPU traces one `gpu_compute` op per step, the summed duration of the step's
-non-NCCL kernels (the NVRx-style compute signal); on CPU traces `fwd`, `bwd` and `optimizer`
-phases from the autograd engine's events and the optimizer's annotations, the first two cut
-around the training thread's blocked waits (`waits`).
+Compute: on GPU traces `gpu_compute` ops, the summed duration of the non-NCCL kernels (the
+NVRx-style compute signal) of each stretch between the step's communication ops; on CPU
+traces `fwd`, `bwd` and `optimizer` phases from the autograd engine's events and the
+optimizer's annotations, the first two cut around the training thread's blocked waits
+(`waits`).
 
 `seq` is `(step << 20) | i`, the i-th op of the group in profiler step `step`: monotone and
 equal on every rank that issued the same ops, even when ranks' traces cover different steps.
@@ -52,6 +53,7 @@ from schemas.steps_message import steps_message
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _SEQ_SHIFT = 20
+_GPU_COMPUTE = "gpu_compute"
 
 
 class KinetoError(ValueError):
@@ -236,7 +238,7 @@ def _compute_ops(ev: _Events, clock: _Clock) -> list[Op]:
         for k in ev.compute_kernels:
             corr = (k.get("args") or {}).get("correlation")
             anchor = ev.launches.get(corr, k["ts"])
-            ops.append(Op("compute", "gpu_compute", "", clock.ns(k["ts"]), clock.dur(k), 0,
+            ops.append(Op("compute", _GPU_COMPUTE, "", clock.ns(k["ts"]), clock.dur(k), 0,
                           clock.ns(anchor)))
         return ops
     for name, lst in (("fwd", ev.fwd), ("bwd", ev.bwd), ("optimizer", ev.opt)):
@@ -246,14 +248,15 @@ def _compute_ops(ev: _Events, clock: _Clock) -> list[Op]:
     return ops
 
 
-def _merge_compute(ops: list[Op], t0: int) -> list[Op]:
-    """One op per compute name in a step: `bwd` as the span of the autograd engine's events
-    (they nest and overlap), `fwd` before it when no annotation marks the forward, the others
-    as summed busy time starting at their first event."""
+def _merge_compute(ops: list[Op], t0: int, comm: list[Op]) -> list[Op]:
+    """The step's compute ops: `bwd` as the span of the autograd engine's events (they nest
+    and overlap), `fwd` before it when no annotation marks the forward, a GPU's kernels one
+    op per stretch between communication ops (`_gpu_stretches`), the others as summed busy
+    time starting at their first event."""
     by: dict[str, list[Op]] = defaultdict(list)
     for o in ops:
         by[o.name].append(o)
-    out: list[Op] = []
+    out: list[Op] = _gpu_stretches(by.pop(_GPU_COMPUTE, []), comm)
     bwd = by.pop("bwd", [])
     if bwd:
         b0 = min(o.start_ns for o in bwd)
@@ -264,6 +267,29 @@ def _merge_compute(ops: list[Op], t0: int) -> list[Op]:
     for name, lst in by.items():
         out.append(Op("compute", name, "", min(o.start_ns for o in lst),
                       sum(o.dur_ns for o in lst), 0, lst[0].anchor_ns))
+    return out
+
+
+def _gpu_stretches(kernels: list[Op], comm: list[Op]) -> list[Op]:
+    """A GPU's compute kernels as one op per stretch between the step's communication ops
+    (by start): its busy time, from its first kernel, never past its last kernel's end.
+
+    One op of the step's summed kernel time, put at its first kernel, overlaps the transfers
+    it really ran between, and how much depends on how long they waited: the gaps a host
+    stall leaves and a pipeline partner's waits read as each other's."""
+    if not kernels:
+        return []
+    cuts = np.sort(np.array([o.start_ns for o in comm], dtype=np.int64))
+    starts = np.array([k.start_ns for k in kernels], dtype=np.int64)
+    ends = starts + np.array([k.dur_ns for k in kernels], dtype=np.int64)
+    stretch = np.searchsorted(cuts, starts, side="right")
+    out = []
+    for i in np.unique(stretch).tolist():
+        sel = stretch == i
+        first = int(starts[sel].min())
+        busy = min(int((ends[sel] - starts[sel]).sum()), int(ends[sel].max()) - first)
+        anchor = kernels[int(np.flatnonzero(sel)[0])].anchor_ns
+        out.append(Op("compute", _GPU_COMPUTE, "", first, busy, 0, anchor))
     return out
 
 
@@ -315,7 +341,7 @@ def parse_trace(doc: Mapping[str, Any], job: str, *, rank: int | None, node: str
     for (step_no, _a, _b), t0, t1, ops in zip(ev.steps, t0s.tolist(), t1s.tolist(), per_step,
                                               strict=True):
         comm = sorted((o for o in ops if o.kind != "compute"), key=lambda o: o.start_ns)
-        compute = _merge_compute([o for o in ops if o.kind == "compute"], t0)
+        compute = _merge_compute([o for o in ops if o.kind == "compute"], t0, comm)
         if waits is not None:  # the CPU's phases cut around their waits (`waits`)
             compute = [Op(o.kind, o.name, "", a, b - a, 0, a) if o.name in _SPANNED else o
                        for o in compute

@@ -7,6 +7,7 @@ import pytest
 
 from producers.kineto.trace import KinetoError, parse_trace
 from schemas.decode import decode_steps
+from tests.unit.producers.kineto.conftest import older_nccl_traces
 
 
 def test_gpu_trace_becomes_steps_with_kernel_durations(nccl_trace):
@@ -49,3 +50,27 @@ def test_the_rank_must_be_known(nccl_trace):
     del doc["distributedInfo"]
     with pytest.raises(KinetoError, match="rank is neither"):
         parse_trace(doc, "j", rank=None, node=None)
+
+
+def test_a_gpus_kernels_are_one_op_per_stretch_between_transfers():
+    """Kernels of 10 + 20 ms, an all-reduce, then 30 ms with a 5 ms launch gap inside: two
+    `gpu_compute` ops where they ran, each its busy time. One op of 60 ms from the first
+    kernel covered the all-reduce and hid the gap a host stall leaves."""
+    ms = 1_000_000
+    message = {"rank": 0, "node": "n0", "local_rank": 0, "step": 3, "t_start_ns": 0,
+               "t_end_ns": 100 * ms,
+               "ops": {"kind": ["compute", "compute", "coll", "compute", "compute"],
+                       "name": ["fwd", "fwd", "all_reduce", "bwd", "bwd"],
+                       "group": ["", "", "dp.0", "", ""],
+                       "start_ns": [0, 10 * ms, 30 * ms, 40 * ms, 65 * ms],
+                       "dur_ns": [10 * ms, 20 * ms, 10 * ms, 20 * ms, 10 * ms],
+                       "bytes": [0, 0, 4096, 0, 0]}}
+    [doc] = older_nccl_traces([message]).values()
+    doc["distributedInfo"]["world_size"] = 2
+    [step] = parse_trace(doc, "kj", rank=None, node=None).steps
+    ops = step["ops"]
+    compute = [(st, d) for n, st, d in zip(ops["name"], ops["start_ns"], ops["dur_ns"],
+                                           strict=True) if n == "gpu_compute"]
+    assert len(compute) == 2  # the traces' kernels end within µs of the message's
+    for (start, busy), want in zip(compute, [(0, 30 * ms), (40 * ms, 30 * ms)], strict=True):
+        assert (start, busy) == pytest.approx(want, abs=10_000)
