@@ -142,8 +142,8 @@ def _links(bucket: list[Lane], lanes: Mapping[Lane, ThreadOps], steps: np.ndarra
     """
     if len(bucket) < 2:
         return []
-    fwd = [_mirrored(_on(lanes[k], steps), 1) for k in bucket]
-    rev = [_mirrored(_on(lanes[k], steps), -1) for k in bucket]
+    ops = [_on(lanes[k], steps) for k in bucket]
+    fwd, rev = [_mirrored(o, 1) for o in ops], [_mirrored(o, -1) for o in ops]
     rank = np.array([k[0] for k in bucket])
     node = np.array([nodes.get(int(r), f"rank-{r}") for r in rank])
     way_f = np.stack([_way(o.names) for o in fwd])
