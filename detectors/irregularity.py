@@ -81,7 +81,8 @@ class StepTimeBaseline(Stateful):
             min_instances=WARMUP, delta=PH_DELTA, threshold=PH_THRESHOLD, mode="both"
         )
 
-    def _sigma(self) -> float:
+    @property
+    def sigma(self) -> float:
         """Robust σ of log step time over the window (relative jitter, scale-free)."""
         return robust_sigma(np.log(np.asarray(self._normal)), SIGMA_FLOOR)
 
@@ -98,7 +99,7 @@ class StepTimeBaseline(Stateful):
         shift = False
         ratio = 1.0
         if len(self._normal) >= WARMUP:
-            z = (np.log(t) - np.log(self.baseline_s)) / self._sigma()
+            z = (np.log(t) - np.log(self.baseline_s)) / self.sigma
             self._ph.update(float(np.clip(z, -Z_CLIP, Z_CLIP)))
             latest = list(self._recent)[-LEVEL_STEPS:]
             new_level = float(np.median(latest))
@@ -123,7 +124,7 @@ class StepTimeBaseline(Stateful):
             return Irregularity(self.baseline_s, 1.0, "warmup", shift, ratio)
         base = self.baseline_s
         d = t / base
-        z = float(np.log(d)) / self._sigma()
+        z = float(np.log(d)) / self.sigma
         irregular = d >= self.delta_thr
         self._flags.append(irregular)
         cls: IrregularClass

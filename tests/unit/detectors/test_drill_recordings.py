@@ -66,6 +66,16 @@ def test_the_partner_of_a_rank_that_ran_fast_is_not_a_slow_gpu():
     assert DEFAULT_ONSET - 1 <= opened <= DEFAULT_ONSET + 3
 
 
+def test_a_nic_that_costs_within_the_jobs_noise_waits_for_one_more_step():
+    """Eight ranks on two cores beside other work: in steps 9-12 node-1's tiny transfers took
+    ×10 on 3 steps of 5, and its NIC opened as slow, costing ×1.05 in steps that vary by
+    about 6%. A link or switch whose cost is within the job's own noise needs a fourth
+    significant step. Then rank 4 was killed."""
+    [(opened, kind, culprit)] = _device_incidents("all-killed-rank4-early-nic.jsonl.gz")
+    assert (kind, culprit) == ("hang", "rank:4")
+    assert opened == DEFAULT_ONSET - 1
+
+
 def _hangs(name: str) -> list[tuple[int, str, str, str]]:
     res = diagnose_messages(recording_messages(str(DRILLS / name)))
     return sorted((i.opened_step, i.kind, i.culprit, i.summary) for i in res.incidents.values()
