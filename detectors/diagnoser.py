@@ -148,6 +148,8 @@ class JobDiagnoser(Stateful):
         self._seen_excess: dict[tuple[str, str], float] = {}
         self._carrier: Carried | None = None  # the network entity the last step's burst charged
         self._forecast_at: dict[tuple[str, str], int] = {}  # (kind, entity) → step of `_latent`
+        # (kind, entity) → the step a network candidate was last priced within the job's noise
+        self._noise_priced_at: dict[tuple[str, str], int] = {}
         self.budget = StepBudget()
         # A job's `end` event is final only after a grace: a rank's last steps can still be
         # on their way (a straggler's agent behind, a broker partition read later), and
@@ -425,9 +427,13 @@ class JobDiagnoser(Stateful):
                     tr.hits(self.tracker.z_on) >= self.tracker.need + _UNFELT_EXTRA_HITS
                 if not (felt or confirmed_again):
                     continue
+                if tr.kind in _NETWORK and not confirmed_again \
+                        and self._within_noise(frame, key):
+                    continue  # priced within the job's noise lately: it waits, unpriced
                 cost = self._price(frame, feats, tr.kind, tr.entity, ratio, stages, pace)
                 if tr.kind in _NETWORK and not confirmed_again \
                         and np.log(cost.slowdown) < self.baseline.sigma:
+                    self._noise_priced_at[key] = frame.step
                     continue  # what it costs is within the job's own step-to-step noise
                 latent = None
                 if cost.slowdown < _MIN_SLOWDOWN:
@@ -530,6 +536,15 @@ class JobDiagnoser(Stateful):
     def _open_devices(self) -> tuple[tuple[str, str], ...]:
         """(kind, culprit) of the open device incidents: not a job-wide shift, not a hang."""
         return tuple(k for k in self.book.open if k[0] not in ("job", "hang"))
+
+    def _within_noise(self, frame: StepFrame, key: tuple[str, str]) -> bool:
+        """A waiting network candidate was priced within the job's noise in the last steps
+        of one what-if's worth of ops (`price_ops`): a replay of a large step costs seconds,
+        so it is priced again only that often, as `_latent`'s forecasts are."""
+        every = -(-frame.n_ops // self.config.price_ops)
+        self._noise_priced_at = {k: s for k, s in self._noise_priced_at.items()
+                                 if frame.step - s < every}
+        return key in self._noise_priced_at
 
     def _latent(self, frame: StepFrame, feats: StepFeatures, kind: str, entity: str,
                 ratio: np.ndarray, stages: tuple[np.ndarray, int], pace: np.ndarray

@@ -449,3 +449,21 @@ def test_a_job_that_hangs_before_its_first_step_is_still_a_hang():
             opened += [(t, i.kind, i.culprit) for i in d.on_heartbeat(hb).incidents]
     first = opened[0]
     assert first[1:] == ("hang", "rank:2") and 100 <= first[0] <= 115
+
+
+def test_a_network_candidate_priced_within_the_noise_is_priced_again_once_per_replay_worth():
+    """A link waiting on 3 significant steps with a cost within the job's noise is priced
+    again only once per `price_ops` worth of ops: every step for a small job, every third
+    step for one of 5 M ops a step (a replay of such a step costs seconds)."""
+    class _Step:
+        def __init__(self, step: int, n_ops: int) -> None:
+            self.step, self.n_ops = step, n_ops
+
+    d = JobDiagnoser("j", DetectorConfig(price_ops=2_000_000))
+    key = ("link", "link:n0~n1")
+    d._noise_priced_at[key] = 10
+    assert not d._within_noise(_Step(11, 1_000_000), key)  # small: priced every step
+    d._noise_priced_at[key] = 10
+    big = 5_000_000
+    assert [d._within_noise(_Step(s, big), key) for s in (11, 12)] == [True, True]
+    assert not d._within_noise(_Step(13, big), key)
