@@ -427,12 +427,11 @@ class JobDiagnoser(Stateful):
                     tr.hits(self.tracker.z_on) >= self.tracker.need + _UNFELT_EXTRA_HITS
                 if not (felt or confirmed_again):
                     continue
-                if tr.kind in _NETWORK and not confirmed_again \
-                        and self._within_noise(frame, key):
+                judged_by_cost = tr.kind in _NETWORK and not confirmed_again
+                if judged_by_cost and self._within_noise(frame, key):
                     continue  # priced within the job's noise lately: it waits, unpriced
                 cost = self._price(frame, feats, tr.kind, tr.entity, ratio, stages, pace)
-                if tr.kind in _NETWORK and not confirmed_again \
-                        and np.log(cost.slowdown) < self.baseline.sigma:
+                if judged_by_cost and np.log(cost.slowdown) < self.baseline.sigma:
                     self._noise_priced_at[key] = frame.step
                     continue  # what it costs is within the job's own step-to-step noise
                 latent = None

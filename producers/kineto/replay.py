@@ -115,9 +115,11 @@ def _groups_inferred(traces: list[RankTrace]) -> None:
                             for s, ops in stream_ops(t).items()}, known,
                            {t.rank: t.node for t in traces})
     posted = {t.rank: p2p_posted(t) for t in traces}
+    by_rank: dict[int, dict[str, tuple[str, int]]] = {}
+    for (rank, s), g in lanes.items():  # once, not once per rank: thousands of lanes
+        by_rank.setdefault(rank, {})[s] = (_wire(g), _peer(g, rank))
     for t in traces:
-        streams = {s: (_wire(g), _peer(g, t.rank)) for (rank, s), g in lanes.items()
-                   if rank == t.rank}
+        streams = by_rank.get(t.rank, {})
         mine = {tid: g for (rank, tid), g in found.items() if rank == t.rank}
         is_send, start, end = posted[t.rank]
         candidates = p2p_candidates(t.process_groups, {g.name for g in mine.values()})
