@@ -34,10 +34,12 @@ significance four times as high on the same entity, again and again, is no jitte
 suspect of the simulator's clean runs reaches it once); a fortieth of a step is the floor
 that keeps a trifle from paging. One costly step alone never does (a GC pause, a slow
 batch), with one exception: a NIC far beyond noise whose one step cost the job `LONE_STALL`
-usual steps (the step ×3). A NIC is one entity, its transfers stalled that long are no
-jitter, and a NIC flapping for seconds may burst again only several steps later (the drills'
-2 s on, 2 s off at 0.5 s steps: 4-5 steps). A pipeline link's or a switch's one burst cannot
-tell which NIC it was, and a GPU's or a host's may be a GC pause: those wait for a second.
+usual steps (the step doubled: what each of two steps must cost anything else). A NIC is
+one entity, its transfers stalled that long are no jitter, and a NIC flapping for seconds
+may burst again only several steps later (the drills' 2 s on, 2 s off at 0.4-0.8 s steps:
+each on-phase stalls one step, the next comes 4-5 steps later). A pipeline link's or a
+switch's one burst cannot tell which NIC it was, and a GPU's or a host's may be a GC pause:
+those wait for a second.
 
 For a NIC, a link or a switch, twice z_on (`STRONG`) is that far already (`far_bar`). Their
 significance is the mean over all their transfers in the step, and a burst stalls only those
@@ -67,11 +69,11 @@ False
 >>> t = EvidenceTracker()  # a NIC at z 9: far for a network entity, so the fourth confirms
 >>> [s for s in range(30) if (hit(s, 0.06) if s % 5 < 2 else quiet(s))][:1]
 [6]
->>> t = EvidenceTracker()  # each stalls the job 1.5 steps, once in 8: the second confirms
->>> [s for s in range(20) if (hit(s, 1.5) if s % 8 == 0 else quiet(s))]
+>>> t = EvidenceTracker()  # a GPU stalling the job 1.5 steps, once in 8: the second confirms
+>>> [s for s in range(20) if (far(s, 1.5) if s % 8 == 0 else quiet(s))]
 [8, 16]
->>> t = EvidenceTracker()  # a NIC's one burst costing the job two steps: the first
->>> [s for s in range(20) if (hit(s, 2.0) if s % 8 == 0 else quiet(s))]
+>>> t = EvidenceTracker()  # a NIC's one burst that doubled the step: the first
+>>> [s for s in range(20) if (hit(s, 1.0) if s % 8 == 0 else quiet(s))]
 [0, 8, 16]
 """
 
@@ -92,7 +94,7 @@ MATERIAL_SHARE = 0.25  # each at least this share of a step at z_on ...
 MINOR_SHARE = 0.1  # ... or this share at STRONG × z_on; or two steps that doubled the step
 STRONG = 2.0
 EXTREME = 4.0  # LONG_MIN_HITS costly steps at this × z_on confirm whatever they cost together
-LONE_STALL = 2.0  # usual steps one NIC's step far beyond noise must cost to confirm it
+LONE_STALL = 1.0  # usual steps one NIC's step far beyond noise must cost to confirm it
 TRACE_SHARE = 0.025  # ... and cost at this × z_on counts from this share of a step
 
 

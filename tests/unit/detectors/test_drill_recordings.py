@@ -221,7 +221,7 @@ def test_a_flapping_nic_seen_as_its_pipeline_link_bursts_later_is_still_its_nic(
     fourth. The step after the first burst took 1.07 s against 0.33 with no suspect at all,
     the pipeline draining the stall: that is the burst's tail, charged to node-1
     (`burst_evidence.burst_tail`), and the first burst pages: in the step it began, as its
-    NIC alone cost the job over two steps there (`evidence.LONE_STALL`)."""
+    NIC alone cost the job over a usual step there (`evidence.LONE_STALL`)."""
     [(opened, kind, culprit)] = _device_incidents("flapping-nic-node-1-bursts-apart.jsonl.gz")
     assert (kind, culprit) == ("link", "node:node-1")
     assert FLAP_ONSET - 1 <= opened <= FLAP_ONSET

@@ -67,20 +67,20 @@ def _confirmed(bursts: dict[int, float], steps: int, entity: str = "node:a",
 
 
 def test_bursts_that_each_stall_the_job_a_whole_step_confirm_on_the_second():
-    # a NIC flapping for seconds: one step in seven is twice as long or more
-    assert _confirmed({s: 1.5 for s in range(0, 40, 7)}, 40)[0] == 7
+    # a pipeline link flapping for seconds: one step in seven is twice as long or more
+    assert _confirmed({s: 1.5 for s in range(0, 40, 7)}, 40, "link:a~b")[0] == 7
     t = EvidenceTracker()
-    _burst(t, 0, 1.5)
-    (tr,) = _burst(t, 7, 1.5)
+    _burst(t, 0, 1.5, "link:a~b")
+    (tr,) = _burst(t, 7, 1.5, "link:a~b")
     assert tr.intermittent
 
 
-def test_one_burst_of_a_nic_that_stalls_the_job_two_steps_confirms_at_once():
-    """A NIC far beyond noise whose one step cost the job two usual steps (the step ×3) is
-    paged at that step: a drill's flapping NIC, 2 s on and 2 s off with steps of 0.5 s, bursts
-    again only 4-5 steps later. A GPU's or a host's such step may be a GC pause or a slow
-    batch, and a pipeline link's or a switch's one burst cannot tell which NIC it was: those
-    wait for a second."""
+def test_one_burst_of_a_nic_that_doubles_the_step_confirms_at_once():
+    """A NIC far beyond noise whose one step cost the job a usual step (the step doubled) is
+    paged at that step: a drill's flapping NIC, 2 s on and 2 s off with steps of 0.4-0.8 s,
+    stalls one step per on-phase and bursts again only 4-5 steps later. A GPU's or a host's
+    such step may be a GC pause or a slow batch, and a pipeline link's or a switch's one burst
+    cannot tell which NIC it was: those wait for a second."""
     from detectors.evidence import LONE_STALL, STRONG
 
     assert _confirmed({5: LONE_STALL}, 40) == [5]
