@@ -16,7 +16,9 @@ comprehension or loop over vetted things. Anything else (a parameter, an attribu
 request, a local fed by one) is a finding.
 
 A few functions are exempt, each with its reason (SQL_EXEMPT): the client seam that passes
-SQL through, and `storage.adhoc`, whose job is to run what an on-call types, read-only.
+SQL through, `storage.adhoc`, whose job is to run what an on-call types, read-only, and
+`load-tests/chdb_http.py`, the test stand-in for a ClickHouse server, which runs what its
+HTTP client sends.
 """
 
 from __future__ import annotations
@@ -62,6 +64,14 @@ SQL_EXEMPT = {
     "integers from Limits, code",
     ("storage/migrations.py", "_ledger_ddl"): "DDL for a database name its callers take "
     "from ClickHouse.database (a checked identifier)",
+    ("load-tests/chdb_http.py", "Engine.run"): "the test stand-in for a ClickHouse server: "
+    "runs the statement its HTTP client sent, as the server does",
+    ("load-tests/chdb_http.py", "Engine._handle"): "the test stand-in for a server: USE and "
+    "SET of a request's database and settings (names checked identifiers, values quoted)",
+    ("load-tests/chdb_http.py", "Engine._insert"): "the test stand-in for a server: the "
+    "client's INSERT head, FROM INFILE of the front's own scratch file",
+    ("load-tests/chdb_http.py", "Engine._once"): "the test stand-in for a server: a client's "
+    "SET or USE, on a handle of its own that is then dropped",
 }
 
 

@@ -1,0 +1,557 @@
+"""Reliability: ClickHouse away mid-stream (server mode), and back.
+
+Usage:
+  python load-tests/reliability_storage_outage.py [--down-s 30] [--gpus 32] [--steps 80]
+      [--speed 2] [--signal kill|term] [--keep-logs DIR]
+
+There is no ClickHouse server on the test machines, so the server here is the real engine
+(chDB) behind a test HTTP front, `chdb_http.py`, in a process of its own that owns the data
+directory; the worker reaches it as it reaches a server in production
+(`FLARE_CLICKHOUSE_URL=http://default@127.0.0.1:PORT/flare`, clickhouse-connect's HTTP
+client). Everything stays on loopback.
+
+1. **The front answers as the engine does.** Flare's migrations, its writer (the sample
+   job of `storage.testing`) and its reads (every table read whole, and the API's
+   questions through `storage.reader.Queries`) over HTTP to the front, and in this process
+   on embedded chDB: the answers must be equal.
+2. **Reference.** A `flare worker` on embedded chDB consumes a simulated job (one slow GPU)
+   replayed at `--speed` on a tansu broker; its rows (FINAL, every table) and incidents.
+   Each run waits, once the worker has caught up, for the job's end to resolve its
+   incidents (`settle`), so the stored status does not depend on how fast a run settled.
+3. **The outage.** The same job, on a fresh broker, to a worker whose store is the front. At
+   40% of the replay the front's process is stopped (`--signal`: SIGKILL by default, a
+   crash; `term` for a clean stop) for `--down-s`, then started again on the same data
+   directory and port. While it is away `/readyz` is polled every 0.25 s, and every second
+   the worker's counters (`/worker/stats`: records read, offsets stored and acked) and the
+   consumer group's committed offsets and the topics' end offsets (from the broker).
+   Must hold: the worker never exited (the same PID, alive at every poll); `/readyz` turned
+   503 naming ClickHouse or storage, and 200 again after the front returned; back-pressure:
+   a flush failed (its rows kept, its batch not acked), from then to the restart the
+   worker's stored-and-acked offsets did not move, and at no sample did the group's
+   committed offsets pass them; after the job, every table's rows (FINAL) and the incidents
+   (ids and fields) equal the reference's. Reported, not checked: the records the worker
+   read while the front was away (it stops taking input) and the backlog growing in the
+   topics. The stored rows are read back straight from the data directory with embedded
+   chDB, not through the front.
+
+Prints markdown tables and a verdict; exit 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import reliability_kill as rk
+import reliability_outage as ro
+
+from flare.local.broker import free_port, start_tansu
+from flare.local.processes import Child, WorkerProcess, flare_argv, spawn, start_worker
+from schemas.kafka import KafkaConnection
+from schemas.topics import INPUT_TOPICS
+from storage.client import ClickHouse, connect
+from storage.migrations import applied_migrations, apply_schema
+from storage.reader import Queries, read_columns, select_list
+from storage.tables import TABLES
+from storage.testing import SAMPLE_JOB, load_sample, step_ts
+from storage.writer import Sink
+from streams.kafka.history import history_config
+from streams.kafka.topics import ensure_topics
+
+FRONT = Path(__file__).resolve().parent / "chdb_http.py"
+PARTITIONS = 4
+POLL_S = 0.25  # /readyz through the outage
+SAMPLE_S = 1.0  # the worker's counters and the group's offsets
+TPS = [(t, p) for t in INPUT_TOPICS for p in range(PARTITIONS)]
+# Every written column of each table, for reading it whole (storage.reader's rules).
+WHOLE_ROWS = {t.name: select_list(read_columns(t)) for t in TABLES}
+# The API's questions asked of both stores in the parity check (storage.reader.Queries).
+READS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("ping", (), {}),
+    ("incidents", (), {}),
+    ("incidents", (), {"job": SAMPLE_JOB, "status": "open"}),
+    ("incidents", (), {"since_ns": step_ts(100), "limit": 3, "offset": 1}),
+    ("incident", (f"{SAMPLE_JOB}/gpu/rank:1/30",), {}),
+    ("detections", (SAMPLE_JOB, "rank:1", 0, 100), {"limit": 5}),
+    ("jobs", (), {}),
+    ("job", (SAMPLE_JOB,), {}),
+    ("last_step", (SAMPLE_JOB,), {}),
+    ("steps", (SAMPLE_JOB,), {"from_step": 30, "to_step": 59, "stride": 3}),
+    ("steps", (SAMPLE_JOB,), {"irregular": ["spike", "pause"]}),
+    ("rank_scores", (SAMPLE_JOB, 0, 59), {"sort": "caused_wait"}),
+    ("op_steps", (SAMPLE_JOB, 0, 59), {}),
+    ("ops", (SAMPLE_JOB, [0, 45, 59]), {}),
+    ("dead_letters", (), {}),
+]
+
+
+class Front:
+    """`chdb_http.py` on a data directory and a fixed port, stopped and started at will."""
+
+    def __init__(self, data: Path, log: Path) -> None:
+        self.data, self.log = data, log
+        self.port = free_port()
+        self.url = f"http://default@127.0.0.1:{self.port}/flare"
+        self.child: Child | None = None
+        self.answered_at = 0.0  # time.monotonic() when the last start answered /ping
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        argv = [sys.executable, str(FRONT), "--path", str(self.data), "--port", str(self.port),
+                "--scratch", str(self.data.parent / "front-scratch")]  # gone with the workdir
+        self.child = spawn("front", argv, self.log, dict(os.environ))
+        child = self.child
+        rk.wait_for("the ClickHouse front", lambda: self._pings(child), timeout_s, 0.05)
+        self.answered_at = time.monotonic()
+
+    def _pings(self, child: Child) -> bool:
+        if not child.alive():
+            raise RuntimeError(f"the front exited:\n{child.log_tail()}")
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/ping", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> float:
+        """Stop the front with `sig`; returns time.monotonic() once its process is gone."""
+        if self.child is not None and self.child.alive():
+            if sig == signal.SIGTERM:
+                self.child.stop(30)
+            else:
+                self.child.process.send_signal(sig)
+                self.child.process.wait(30)
+        self.child = None
+        return time.monotonic()
+
+
+# -- 1. parity --------------------------------------------------------------------------------
+
+
+def comparable(value: Any) -> Any:
+    """NaN equal to NaN, for comparing answers."""
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    if isinstance(value, dict):
+        return {k: comparable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [comparable(v) for v in value]
+    return value
+
+
+def answers(db: ClickHouse) -> dict[str, Any]:
+    """Everything the parity check compares, from one store: the migrations applied, every
+    table read whole, and the API's questions."""
+    out: dict[str, Any] = {"migrations": [m.name for m in apply_schema(db)]}
+    out["ledger"] = {v: (r["name"], r["checksum"]) for v, r in applied_migrations(db).items()}
+    load_sample(Sink(db))
+    for table in TABLES:
+        out[table.name] = db.rows(f"SELECT {WHOLE_ROWS[table.name]} FROM "
+                                  f"{db.table(table.name)} FINAL ORDER BY ALL")
+    q = Queries(db)
+    for i, (method, args, kwargs) in enumerate(READS):
+        out[f"{i}:{method}"] = getattr(q, method)(*args, **kwargs)
+    return comparable(out)
+
+
+def parity(work: Path) -> tuple[int, int, list[str], dict[str, int]]:
+    """The answers over HTTP to the front against those of embedded chDB: (questions,
+    equal, the keys that differ, rows per table)."""
+    front = Front(work / "front-data", work / "front.log")
+    front.start()
+    try:
+        over_http = connect(front.url)
+        try:
+            got = answers(over_http)
+        finally:
+            over_http.close()
+    finally:
+        front.stop()
+    embedded = connect(f"chdb:///{(work / 'embedded').as_posix().lstrip('/')}")
+    try:
+        want = answers(embedded)
+    finally:
+        embedded.close()
+    differ = [k for k in want if got.get(k) != want[k]]
+    rows = {t.name: len(want[t.name]) for t in TABLES}
+    return len(want), len(want) - len(differ), differ, rows
+
+
+# -- 2. and 3. the worker runs ----------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    """The worker and the group, `t` seconds after the front's stop."""
+
+    t: float
+    records: int  # read by the worker
+    acked: dict[str, int]  # per "topic[p]": last offset stored and acked
+    committed: dict[str, int]  # per "topic[p]": the group's committed offset (next to read)
+    end: dict[str, int]  # per "topic[p]": the broker's end offset
+    storage_ok: bool
+    storage_failures: int
+    readyz: str  # /readyz's status code
+
+    @property
+    def acked_total(self) -> int:
+        return sum(o + 1 for o in self.acked.values())
+
+    @property
+    def committed_total(self) -> int:
+        return sum(max(o, 0) for o in self.committed.values())
+
+    @property
+    def backlog(self) -> int:
+        """Messages in the topics past the group's committed offsets."""
+        return sum(max(0, e - max(self.committed.get(k, 0), 0)) for k, e in self.end.items())
+
+
+@dataclass
+class Outage:
+    """What was seen through the outage."""
+
+    signal: str = ""
+    worker_alive_throughout: bool = True
+    worker_same_pid: bool = False
+    readyz_changes: list[tuple[float, str]] = field(default_factory=list)
+    first_503_after_s: float | None = None
+    first_503_reason: str = ""
+    reasons: list[str] = field(default_factory=list)  # distinct 503 reasons, in order
+    ready_again_after_s: float | None = None
+    at_stop: Sample | None = None  # read once the front's process was gone
+    samples: list[Sample] = field(default_factory=list)  # through the outage
+    at_restart: Sample | None = None
+    after: Sample | None = None  # once /readyz was 200 again
+
+
+class GroupOffsets:
+    """The consumer group's committed offsets and the topics' end offsets, asked of the
+    broker by a consumer that never joins the group nor commits."""
+
+    def __init__(self, conn: KafkaConnection) -> None:
+        from confluent_kafka import Consumer
+
+        self._consumer = Consumer(history_config(conn, rk.GROUP))
+
+    def read(self) -> tuple[dict[str, int], dict[str, int]]:
+        from confluent_kafka import TopicPartition
+
+        got = self._consumer.committed([TopicPartition(t, p) for t, p in TPS], timeout=10)
+        committed = {f"{x.topic}[{x.partition}]": int(x.offset) for x in got}
+        end = {}
+        for t, p in TPS:
+            _low, high = self._consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10,
+                                                              cached=False)
+            end[f"{t}[{p}]"] = int(high)
+        return committed, end
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def sample(w: WorkerProcess, offsets: GroupOffsets, t: float) -> Sample:
+    """The worker's counters and `/readyz`, and the group's offsets, now."""
+    stats = w.stats()
+    committed, end = offsets.read()
+    return Sample(round(t, 1), int(stats["records"]), dict(stats["acked"]), committed, end,
+                  bool(stats["storage_ok"]), int(stats["storage_failures"]), ro.readyz(w)[0])
+
+
+def read_rows(data: Path) -> tuple[dict[str, int], dict[str, int], dict[str, dict[str, Any]]]:
+    """A stopped store's rows of the job (FINAL and as stored) and its incidents, read
+    straight from its data directory with embedded chDB."""
+    final, incidents = rk.read_back(data, rk.JOB)
+    db = connect(f"chdb:///{data.as_posix().lstrip('/')}")
+    stored: dict[str, int] = {}
+    try:
+        for table in TABLES:
+            if "job" in {c.name for c in table.columns}:
+                stored[table.name] = int(db.rows(
+                    f"SELECT count() AS n FROM {db.table(table.name)} WHERE job = {{job:String}}",
+                    {"job": rk.JOB})[0]["n"])
+    finally:
+        db.close()
+    return final, stored, incidents
+
+
+def _player(rec: Path, bootstrap: str, speed: float) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(flare_argv("replay", str(rec), "--bootstrap", bootstrap, "--speed",
+                                       str(speed)), cwd=rk.ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+
+
+def _finish(player: subprocess.Popen[bytes], replay_s: float) -> None:
+    out, _ = player.communicate(timeout=replay_s * 4 + 120)
+    if player.returncode != 0:
+        raise RuntimeError(f"replay failed: {out.decode(errors='replace')[-500:]}")
+
+
+def open_incidents(w: WorkerProcess) -> int:
+    """The job's open incidents as the API reads them (-1: no answer)."""
+    try:
+        return int(w.get("/v1/jobs/" + rk.JOB).json().get("open_incidents", -1))
+    except Exception:
+        return -1
+
+
+def settle(w: WorkerProcess) -> None:
+    """Until the worker has read and stored everything, and the job's end has resolved its
+    incidents. The end is final one grace period after the `end` event, on a tick of the
+    worker's clock; a worker stopped before that stores the incident still open, so without
+    this wait the status would depend on how fast the run settled."""
+    rk.settle(w, 300)
+    rk.wait_for("the job's end to resolve its incidents", lambda: open_incidents(w) == 0, 120,
+                0.5)
+
+
+def _stop_worker(w: WorkerProcess) -> None:
+    code = w.stop(60)
+    if code != 0:
+        raise RuntimeError(f"the worker exited with {code}:\n{w.log_tail()}")
+
+
+def reference(rec: Path, work: Path, speed: float, replay_s: float
+              ) -> tuple[rk.Run, dict[str, int]]:
+    """The job through a worker on embedded chDB, no outage: its rows (FINAL) and incidents,
+    and its rows as stored."""
+    run = rk.Run(0, None)
+    work.mkdir()
+    with start_tansu(free_port(), log_path=work / "tansu.log") as broker:
+        ensure_topics(broker.connection, PARTITIONS)
+        w = start_worker(broker.connection, work, name="w", group=rk.GROUP,
+                         partitions=PARTITIONS, api_port=free_port(), cwd=rk.ROOT)
+        try:
+            w.wait_ready(120)
+            _finish(_player(rec, broker.bootstrap, speed), replay_s)
+            settle(w)
+            _stop_worker(w)
+        finally:
+            if w.alive():
+                w.stop(30)
+    run.counts, stored, run.incidents = read_rows(w.chdb_dir)
+    return run, stored
+
+
+def outage_run(rec: Path, work: Path, speed: float, replay_s: float, down_s: float,
+               sig: signal.Signals) -> tuple[rk.Run, dict[str, int], Outage]:
+    """The job through a worker whose store is the front; the front away for `down_s` at
+    40% of the replay. Returns the rows (FINAL), the rows as stored, and what was seen."""
+    run = rk.Run(1, None)
+    seen = Outage(signal=sig.name)
+    work.mkdir()
+    front = Front(work / "front-data", work / "front.log")
+    front.start()
+    with start_tansu(free_port(), log_path=work / "tansu.log") as broker:
+        ensure_topics(broker.connection, PARTITIONS)
+        offsets = GroupOffsets(broker.connection)
+        w = start_worker(broker.connection, work, name="w", group=rk.GROUP,
+                         partitions=PARTITIONS, api_port=free_port(), cwd=rk.ROOT,
+                         extra_env={"FLARE_CLICKHOUSE_URL": front.url})
+        player: subprocess.Popen[bytes] | None = None
+        try:
+            w.wait_ready(120)
+            pid = w.process.pid
+            player = _player(rec, broker.bootstrap, speed)
+            time.sleep(0.4 * replay_s)
+            t_down = front.stop(sig)  # its process is gone: nothing answers on the port
+            seen.at_stop = sample(w, offsets, time.monotonic() - t_down)
+            _away(w, offsets, seen, t_down, down_s)
+            seen.at_restart = sample(w, offsets, time.monotonic() - t_down)
+            front.start()
+            _back(w, seen, front.answered_at, 120)
+            seen.after = sample(w, offsets, time.monotonic() - t_down)
+            _finish(player, replay_s)
+            settle(w)
+            seen.worker_same_pid = w.alive() and w.process.pid == pid
+            _stop_worker(w)
+        finally:
+            if player is not None and player.poll() is None:
+                player.kill()
+            if w.alive():
+                w.stop(30)
+            offsets.close()
+            front.stop()
+    run.counts, stored, run.incidents = read_rows(front.data)
+    return run, stored, seen
+
+
+def _away(w: WorkerProcess, offsets: GroupOffsets, seen: Outage, t_down: float,
+          down_s: float) -> None:
+    """Poll `/readyz` (and the counters every SAMPLE_S) until `down_s` after the stop."""
+    next_sample = t_down + SAMPLE_S
+    while (now := time.monotonic()) < t_down + down_s:
+        seen.worker_alive_throughout &= w.alive()
+        code, detail = ro.readyz(w)
+        t = round(now - t_down, 1)
+        if not seen.readyz_changes or seen.readyz_changes[-1][1] != code:
+            seen.readyz_changes.append((t, code))
+        if code == "503":
+            if seen.first_503_after_s is None:
+                seen.first_503_after_s, seen.first_503_reason = t, detail
+            reason = detail.split(":")[0] if detail.startswith("storage") else detail
+            if reason not in seen.reasons:
+                seen.reasons.append(reason)
+        if now >= next_sample:
+            seen.samples.append(sample(w, offsets, now - t_down))
+            next_sample += SAMPLE_S
+        time.sleep(POLL_S)
+
+
+def _back(w: WorkerProcess, seen: Outage, t_back: float, timeout_s: float) -> None:
+    """Poll `/readyz` until it is 200 again: seconds from the front answering."""
+    while time.monotonic() - t_back < timeout_s:
+        seen.worker_alive_throughout &= w.alive()
+        code, _ = ro.readyz(w)
+        if code == "200":
+            seen.ready_again_after_s = round(time.monotonic() - t_back, 1)
+            return
+        time.sleep(POLL_S)
+
+
+# -- verdict ----------------------------------------------------------------------------------
+
+
+def back_pressure(seen: Outage) -> dict[str, bool]:
+    """The back-pressure checks: once a flush failed (the front gone; its rows kept, its
+    batch not acked), the worker's stored-and-acked offsets stay where they are until the
+    front is back, and at no time does the group's committed offset pass them. (Before the
+    first failed flush a batch that produced no rows may still be acked: it has nothing to
+    store.)"""
+    stop, restart = seen.at_stop, seen.at_restart
+    assert stop is not None and restart is not None
+    during = [stop, *seen.samples, restart]
+    failed = [s for s in during if s.storage_failures > stop.storage_failures]
+    return {
+        "a flush failed while away (its rows kept, its batch not acked)": bool(failed),
+        "acked offsets frozen from the first failed flush to the restart": bool(failed) and all(
+            s.acked == failed[0].acked for s in failed),
+        "no committed offset past the acked ones": all(
+            s.committed.get(k, -1) <= restart.acked.get(k, -1) + 1
+            for s in during for k in s.committed),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--down-s", type=float, default=30.0)
+    ap.add_argument("--gpus", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--speed", type=float, default=2.0)
+    ap.add_argument("--signal", choices=("kill", "term"), default="kill",
+                    help="how the front is stopped: SIGKILL (a crash, default) or SIGTERM")
+    ap.add_argument("--keep-logs", type=Path, default=None,
+                    help="copy the worker's, the front's and tansu's logs here")
+    args = ap.parse_args(argv)
+    sig = signal.SIGKILL if args.signal == "kill" else signal.SIGTERM
+    workdir = Path(tempfile.mkdtemp(prefix="flare-storage-outage-"))
+    replay_s = args.steps * 0.5 / args.speed
+    t0 = time.monotonic()
+    try:
+        checked, equal, differ, sample_rows = parity(workdir / "parity")
+        print(f"parity: {equal} of {checked} answers equal", file=sys.stderr)
+        rec = rk.simulate(workdir / "job.jsonl", args.gpus, args.steps, 0, "slow_gpu")
+        ref, ref_stored = reference(rec, workdir / "ref", args.speed, replay_s)
+        print(f"reference: {ref.counts}", file=sys.stderr)
+        out, stored, seen = outage_run(rec, workdir / "out", args.speed, replay_s,
+                                       args.down_s, sig)
+    finally:
+        if args.keep_logs is not None:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for log in workdir.rglob("*.log"):
+                shutil.copy(log, args.keep_logs / "-".join(log.relative_to(workdir).parts))
+        shutil.rmtree(workdir, ignore_errors=True)
+    wall_s = time.monotonic() - t0
+    return report(argv, args, replay_s, wall_s, (checked, equal, differ, sample_rows), ref,
+                  out, {"reference": ref_stored, "outage": stored}, seen)
+
+
+def report(argv: list[str] | None, args: argparse.Namespace, replay_s: float, wall_s: float,
+           par: tuple[int, int, list[str], dict[str, int]], ref: rk.Run, out: rk.Run,
+           stored: dict[str, dict[str, int]], seen: Outage) -> int:
+    """Print the tables; 0 when every check holds, else 1."""
+    checked, equal, differ, sample_rows = par
+    stop, restart, after = seen.at_stop, seen.at_restart, seen.after
+    assert stop is not None and restart is not None and after is not None
+    print(f"`python load-tests/reliability_storage_outage.py "
+          f"{' '.join(argv or sys.argv[1:])}`\n")
+    print(f"{rk.machine()}; job: {args.gpus} GPUs, {args.steps} steps of 0.5 s, one GPU "
+          f"slowed x1.5, replayed at {args.speed}x ({replay_s:.0f} s); ClickHouse = chDB "
+          f"behind load-tests/chdb_http.py (a test HTTP front, not a ClickHouse server "
+          f"binary), stopped by SIG{seen.signal[3:]} at 40% of the replay for "
+          f"{args.down_s:g} s; {wall_s / 60:.1f} min in all\n")
+
+    print("| the front answers as embedded chDB does | |\n|---|---|")
+    print(f"| migrations, every table read whole (FINAL), {len(READS)} API questions | "
+          f"{equal} of {checked} equal{'; differ: ' + ', '.join(differ) if differ else ''} |")
+    print(f"| sample rows compared | {sample_rows} |\n")
+
+    ok = equal == checked
+    bp = back_pressure(seen)
+    during = [stop, *seen.samples, restart]
+    story = ", ".join(f"{code} from {t} s" for t, code in seen.readyz_changes)
+    names = any(k in seen.first_503_reason for k in ("storage", "ClickHouse"))
+    print("| ClickHouse away mid-stream | |\n|---|---|")
+    print(f"| the worker never exited (same PID, alive at every poll) | "
+          f"{seen.worker_same_pid and seen.worker_alive_throughout} |")
+    print(f"| /readyz while the front was away (s after its stop) | {story} |")
+    print(f"| first 503 after the stop | {seen.first_503_after_s} s: "
+          f"\"{seen.first_503_reason[:160]}\" |")
+    print(f"| 503 reasons seen while away | {'; '.join(r[:100] for r in seen.reasons)} |")
+    print(f"| 200 again after the front answered | {seen.ready_again_after_s} s |")
+    for name, held in bp.items():
+        print(f"| back-pressure: {name} | {held} |")
+    print(f"| storage_ok false at the counters' samples while away | "
+          f"{sum(not s.storage_ok for s in seen.samples)} of {len(seen.samples)} |")
+    print(f"| records read by the worker: at the stop / at the restart | {stop.records} / "
+          f"{restart.records} |")
+    print(f"| messages stored and acked: at the stop / at the restart | {stop.acked_total} / "
+          f"{restart.acked_total} |")
+    print(f"| group's committed offsets (sum): at the stop / highest while away / at the "
+          f"restart / once ready again | {stop.committed_total} / "
+          f"{max(s.committed_total for s in during)} / {restart.committed_total} / "
+          f"{after.committed_total} |")
+    print(f"| backlog in the topics past the committed offsets: at the stop / at the restart "
+          f"| {stop.backlog} / {restart.backlog} |")
+    print(f"| failed flushes while away | {restart.storage_failures - stop.storage_failures} |")
+    print(f"| rows equal the reference's (FINAL, every table) | {out.counts == ref.counts} |")
+    print(f"| incidents equal the reference's (ids and fields) | "
+          f"{out.incidents == ref.incidents} ({len(out.incidents)}) |")
+    print("\n| s after the stop | /readyz | records read | stored and acked | committed "
+          "(group) | backlog past committed | storage_ok |\n|---|---|---|---|---|---|---|")
+    every = max(1, round(5 / SAMPLE_S))
+    shown = [(" (stop)", stop), *(("", s) for s in seen.samples[every - 1::every]),
+             (" (restart)", restart), (" (ready again)", after)]
+    for label, s in shown:
+        print(f"| {s.t}{label} | {s.readyz} | {s.records} | {s.acked_total} | "
+              f"{s.committed_total} | {s.backlog} | {s.storage_ok} |")
+    print(f"\nreference rows (FINAL): {ref.counts}")
+    print(f"outage run rows (FINAL): {out.counts}")
+    print(f"rows before FINAL (an incident's states and any re-sent row, until background "
+          f"merges fold them; their timing varies): reference {stored['reference']}; outage "
+          f"run {stored['outage']}")
+    print(f"incidents: {[(i['kind'], i['culprit'], i['status']) for i in ref.incidents.values()]}")
+    if out.incidents != ref.incidents:
+        print(f"reference incidents: {ref.incidents}\noutage run incidents: {out.incidents}")
+
+    ok &= seen.worker_same_pid and seen.worker_alive_throughout
+    ok &= seen.first_503_after_s is not None and names
+    ok &= seen.ready_again_after_s is not None
+    ok &= all(bp.values())
+    ok &= rk.same(out, ref) and bool(ref.incidents)
+    print(f"\n{'all checks hold' if ok else 'A CHECK FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
