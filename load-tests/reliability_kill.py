@@ -94,8 +94,19 @@ def stored_steps(worker: WorkerProcess) -> int:
         return -2
 
 
+def open_incidents(worker: WorkerProcess) -> int:
+    """The job's open incidents as the API reads them (-1: no answer)."""
+    try:
+        return int(worker.get("/v1/jobs/" + JOB).json().get("open_incidents", -1))
+    except Exception:
+        return -1
+
+
 def settle(worker: WorkerProcess, timeout_s: float) -> None:
-    """Until the worker has read everything and its stored view stops moving."""
+    """Until the worker has read everything, its stored view stops moving, and the job's end
+    has resolved its incidents. The end is final one grace period after the `end` event, on a
+    tick of the worker's clock; a worker stopped before that tick stores the incident still
+    open, so without this wait a run's stored status would depend on how fast it settled."""
     last: list[Any] = [None, time.monotonic()]
 
     def quiet() -> bool:
@@ -110,6 +121,8 @@ def settle(worker: WorkerProcess, timeout_s: float) -> None:
         wait_for("the worker to settle", quiet, timeout_s, 0.5)
     except RuntimeError as exc:
         raise RuntimeError(f"{exc}; last (lag, records, stored step): {last[0]}") from None
+    wait_for("the job's end to resolve its incidents", lambda: open_incidents(worker) == 0,
+             120, 0.5)
 
 
 def replay_whole(rec: Path, bootstrap: str) -> None:

@@ -17,7 +17,8 @@ client). Everything stays on loopback.
 2. **Reference.** A `flare worker` on embedded chDB consumes a simulated job (one slow GPU)
    replayed at `--speed` on a tansu broker; its rows (FINAL, every table) and incidents.
    Each run waits, once the worker has caught up, for the job's end to resolve its
-   incidents (`settle`), so the stored status does not depend on how fast a run settled.
+   incidents (`reliability_kill.settle`), so the stored status does not depend on how fast
+   a run settled.
 3. **The outage.** The same job, on a fresh broker, to a worker whose store is the front. At
    40% of the replay the front's process is stopped (`--signal`: SIGKILL by default, a
    crash; `term` for a clean stop) for `--down-s`, then started again on the same data
@@ -296,24 +297,6 @@ def _finish(player: subprocess.Popen[bytes], replay_s: float) -> None:
         raise RuntimeError(f"replay failed: {out.decode(errors='replace')[-500:]}")
 
 
-def open_incidents(w: WorkerProcess) -> int:
-    """The job's open incidents as the API reads them (-1: no answer)."""
-    try:
-        return int(w.get("/v1/jobs/" + rk.JOB).json().get("open_incidents", -1))
-    except Exception:
-        return -1
-
-
-def settle(w: WorkerProcess) -> None:
-    """Until the worker has read and stored everything, and the job's end has resolved its
-    incidents. The end is final one grace period after the `end` event, on a tick of the
-    worker's clock; a worker stopped before that stores the incident still open, so without
-    this wait the status would depend on how fast the run settled."""
-    rk.settle(w, 300)
-    rk.wait_for("the job's end to resolve its incidents", lambda: open_incidents(w) == 0, 120,
-                0.5)
-
-
 def _stop_worker(w: WorkerProcess) -> None:
     code = w.stop(60)
     if code != 0:
@@ -333,7 +316,7 @@ def reference(rec: Path, work: Path, speed: float, replay_s: float
         try:
             w.wait_ready(120)
             _finish(_player(rec, broker.bootstrap, speed), replay_s)
-            settle(w)
+            rk.settle(w, 300)
             _stop_worker(w)
         finally:
             if w.alive():
@@ -371,7 +354,7 @@ def outage_run(rec: Path, work: Path, speed: float, replay_s: float, down_s: flo
             _back(w, seen, front.answered_at, 120)
             seen.after = sample(w, offsets, time.monotonic() - t_down)
             _finish(player, replay_s)
-            settle(w)
+            rk.settle(w, 300)
             seen.worker_same_pid = w.alive() and w.process.pid == pid
             _stop_worker(w)
         finally:
