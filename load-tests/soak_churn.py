@@ -3,6 +3,7 @@ memory is back where it was.
 
 Usage:
   python load-tests/soak_churn.py [--jobs 1000] [--gpus 8] [--steps 6] [--idle-s 5] [--rounds 4]
+      [--store embedded|http]
 
 What runs, on loopback: a tansu broker and one `flare worker` whose jobs are evicted after
 `--idle-s` of silence (FLARE_JOB_IDLE_S; production keeps 600 s). One short simulated job
@@ -14,20 +15,32 @@ and the steps decoder's cached ranks. The state must be empty after each round, 
 after the last round within 5% of the round before (flat, not growing with jobs). The RSS
 cannot go back to the warm-up's: the worker keeps freed memory for its next steps
 (`streams.worker.tune_malloc`), and the embedded ClickHouse engine keeps its parts and
-caches. What its own allocators hold live can (`streams.worker.memory_in_use`, in the
-worker's /worker/stats): glibc's heap in use, and CPython's live blocks, each within 10% of
-the warm-up's after every round (8 MB of slack for the heap). While a
-round drains, two threads ask `/livez` and `/readyz` every half second and time the
-answers: the probes share the event loop that diagnoses, so a loop held by long calls
-shows as late answers. `/livez` must answer within `--probe-max-s` (default 1 s, an
+caches. The RSS is also shown split into anonymous memory and mapped files (`RssAnon`,
+`RssFile`): code and libraries are the second. What its own allocators hold live can
+(`streams.worker.memory_in_use`, in the worker's /worker/stats): glibc's heap in use, and
+CPython's live blocks, each within 10% of the warm-up's after every round (8 MB of slack for
+the heap). While a round drains, two threads ask `/livez` and `/readyz` every half second
+and time the answers: the probes share the event loop that diagnoses, so a loop held by
+long calls shows as late answers. `/livez` must answer within `--probe-max-s` (default 1 s, an
 orchestrator's default probe timeout: past it, a liveness probe restarts the worker), else
 exit 1; `/readyz` (a query to ClickHouse on a thread: more turns of the loop) is shown.
+
+`--store` says where the rows go. `embedded` (the default): chDB inside the worker, as
+`flare up` runs it, so the worker's RSS includes the engine's. `http`: the real engine
+(chDB) behind the test front `chdb_http.py`, in a process of its own on a temporary data
+directory, the worker storing through ClickHouse's HTTP interface as it does to a server in
+production (`FLARE_CLICKHOUSE_URL`, as `reliability_storage_outage.py` runs it): the worker's
+RSS is then the worker's alone, and the front's is shown in a column of its own (the
+server's; a ClickHouse server binary would hold other caches). Everything else is the same
+in both modes, so two runs compare.
+
 Prints a markdown table; exit 1 when a check fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import statistics
 import sys
@@ -38,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from reliability_kill import ROOT, machine, wait_for
+from reliability_storage_outage import Front
 
 from flare.local.broker import free_port, start_tansu
 from flare.local.processes import WorkerProcess, start_worker
@@ -67,9 +81,10 @@ def publish_round(pub: KafkaPublisher, events: list[tuple[str, dict[str, Any]]],
     return n
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """A resident-size line of /proc/PID/status in MB (`VmRSS`, `RssAnon`, `RssFile`)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -120,16 +135,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-s", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--probe-max-s", type=float, default=1.0)
+    ap.add_argument("--store", choices=["embedded", "http"], default="embedded",
+                    help="chDB in the worker, or chDB behind chdb_http.py in its own process")
     args = ap.parse_args(argv)
     events = template(args.gpus, args.steps)
     work = Path(tempfile.mkdtemp(prefix="flare-churn-"))
     rows: list[tuple[str, int, float, dict[str, Any], float, list[float], list[float]]] = []
+    front: Front | None = None
     try:
+        env = {"FLARE_JOB_IDLE_S": str(args.idle_s)}
+        if args.store == "http":
+            front = Front(work / "front-data", work / "front.log")
+            front.start()
+            env["FLARE_CLICKHOUSE_URL"] = front.url
         with start_tansu(free_port(), log_path=work / "tansu.log") as broker:
             ensure_topics(broker.connection, PARTITIONS)
             w = start_worker(broker.connection, work, name="w", group="g-churn",
                              partitions=PARTITIONS, api_port=free_port(), cwd=ROOT,
-                             extra_env={"FLARE_JOB_IDLE_S": str(args.idle_s)})
+                             extra_env=env)
             try:
                 w.wait_ready(120)
                 total = 0
@@ -143,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                             drained(w, total)
                         s = w.stats()
                         mem = s.get("memory", {})
-                        rows.append((name, n, rss_mb(w.process.pid), {
+                        pid = w.process.pid
+                        rows.append((name, n, rss_mb(pid), {
+                            "anon_mb": rss_mb(pid, "RssAnon"), "file_mb": rss_mb(pid, "RssFile"),
+                            "front_mb": (rss_mb(front.child.pid) if front and front.child
+                                         else float("nan")),
                             "jobs": s["jobs"], "cached_ranks": s["steps_decoder"]["cached_ranks"],
                             "incident_events": s["incident_events"],
                             "heap_mb": mem.get("heap_in_use_mb", float("nan")),
@@ -151,19 +178,26 @@ def main(argv: list[str] | None = None) -> int:
                             "py_blocks": mem.get("python_blocks", float("nan"))},
                             time.monotonic() - t0, live.answers, ready.answers))
             finally:
-                w.stop(60)
+                w.stop(60)  # before the front: the worker flushes its last rows on the way out
     finally:
+        if front is not None:
+            front.stop()
         shutil.rmtree(work, ignore_errors=True)
 
     print(f"`python load-tests/soak_churn.py {' '.join(argv or sys.argv[1:])}`\n")
-    print(f"{machine()}; each job: {args.gpus} GPUs, {args.steps} steps of 0.5 s, "
-          f"{len(events)} messages; evicted after {args.idle_s} s of silence\n")
-    print("| round | jobs | worker RSS after (MB) | heap in use (MB) | heap kept free (MB) | "
+    store = ("embedded chDB in the worker" if args.store == "embedded" else
+             "chDB behind chdb_http.py in its own process (the server column)")
+    print(f"{machine()}; store: {store}; each job: {args.gpus} GPUs, {args.steps} steps of "
+          f"0.5 s, {len(events)} messages; evicted after {args.idle_s} s of silence\n")
+    print("| round | jobs | worker RSS after (MB) | of which anon, file (MB) | "
+          "server (front) RSS (MB) | heap in use (MB) | heap kept free (MB) | "
           "Python blocks live | jobs held | decoder cached ranks | incident events so far | "
           "wall (s) | /livez: median, slowest (s) | /readyz: median, slowest (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, n, rss, s, wall, live_s, ready_s in rows:
-        print(f"| {name} | {n} | {rss:.0f} | {s['heap_mb']:.0f} | {s['kept_mb']:.0f} | "
+        server = "–" if math.isnan(s["front_mb"]) else f"{s['front_mb']:.0f}"
+        print(f"| {name} | {n} | {rss:.0f} | {s['anon_mb']:.0f}, {s['file_mb']:.0f} | "
+              f"{server} | {s['heap_mb']:.0f} | {s['kept_mb']:.0f} | "
               f"{s['py_blocks']:,.0f} | {s['jobs']} | {s['cached_ranks']} | "
               f"{s['incident_events']} | {wall:.0f} | {statistics.median(live_s):.3f}, "
               f"{max(live_s):.2f} | {statistics.median(ready_s):.3f}, {max(ready_s):.2f} |")
