@@ -115,12 +115,16 @@ def _groups_inferred(traces: list[RankTrace]) -> None:
                             for s, ops in stream_ops(t).items()}, known,
                            {t.rank: t.node for t in traces})
     posted = {t.rank: p2p_posted(t) for t in traces}
+    # each rank's streams and threads, grouped once, not scanned once per rank
     by_rank: dict[int, dict[str, tuple[str, int]]] = {}
-    for (rank, s), g in lanes.items():  # once, not once per rank: thousands of lanes
+    for (rank, s), g in lanes.items():
         by_rank.setdefault(rank, {})[s] = (_wire(g), _peer(g, rank))
+    threads_of: dict[int, dict[str, ProcessGroup]] = {}
+    for (rank, tid), g in found.items():
+        threads_of.setdefault(rank, {})[tid] = g
     for t in traces:
         streams = by_rank.get(t.rank, {})
-        mine = {tid: g for (rank, tid), g in found.items() if rank == t.rank}
+        mine = threads_of.get(t.rank, {})
         is_send, start, end = posted[t.rank]
         candidates = p2p_candidates(t.process_groups, {g.name for g in mine.values()})
         ways = list(zip(is_send.tolist(), pick_peers(t.rank, is_send, start, end,
