@@ -56,7 +56,7 @@ EXPECTED_KIND = {"slow-rank": "gpu", "nic": "link", "flapping-nic": "link", "fre
                  "kill": "hang"}
 # A hang is left this long: past Flare's hang timeout (10 s, or 3 step times on long steps)
 # and the heartbeats that show it; `hang_wait_s` scales it with the drill's own steps.
-HANG_WAIT_S = 30.0
+HANG_WAIT_S = 20.0
 HANG_WAIT_STEPS = 5.0
 KILL_WAIT_S = 10.0  # after a kill, its peers fail in their collectives within seconds
 STALL_S = 120.0  # a job that finishes no step for this long (or 10 of its steps) is stuck
@@ -252,7 +252,7 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
     with contextlib.ExitStack() as stack:
         hosts, broker = _hosts(spec, tag, rootless, out, stack)
         job = f"drill-{tag}"
-        agents = [_agent(h, out, broker.bootstrap, stack) for h in hosts]
+        agents = _agents(hosts, out, broker.bootstrap, stack)
         ranks = _ranks(spec, hosts, job, out, stack)
         say(f"training: {spec.ranks} ranks on {len(hosts)} node(s), job {job}")
         step_s = _wait_steps(agents[0], spec.steps_before, ranks, spec)
@@ -271,13 +271,11 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
         if spec.fault == "freeze":
             # the verdict is what Flare saw while the rank was frozen: the agents stop (and
             # flush) before the thaw lets it run on and dump its stacks from somewhere new
-            for a in agents:
-                _stop(a.process)
+            _stop_all([a.process for a in agents])
         if fault is not None:
             fault.undo()
         _stop_all(ranks)
-        for a in agents:
-            _stop(a.process)  # an agent flushes what it holds to the broker as it stops
+        _stop_all([a.process for a in agents])  # each flushes what it holds as it stops
         sent = sum(1 for a in agents for _ in _lines(a.out))
         received = broker.collect(out / "broker.jsonl", sent)
     recording = out / "recording.jsonl"
@@ -342,24 +340,31 @@ def _in_host(h: Host, argv: list[str]) -> list[str]:
     return h.argv(argv) if h.netns else argv
 
 
-def _agent(h: Host, out: Path, bootstrap: str, stack: contextlib.ExitStack) -> _Agent:
-    sock = out / f"{h.name}.sock"
-    rec = out / f"{h.name}.jsonl"
-    for stale in (sock, rec):
-        with contextlib.suppress(FileNotFoundError):
-            stale.unlink()
-    argv = [sys.executable, "-m", "flare", "agent", "--record", str(rec), "--socket",
-            str(sock), "--node", h.name, "--interval", "0.5"]
-    env = dict(os.environ, FLARE_KAFKA_BOOTSTRAP=bootstrap)
-    with open(out / f"{h.name}.agent.log", "wb") as log:
-        p = subprocess.Popen(_in_host(h, argv), stdout=log, stderr=log, env=env)
-    stack.callback(_stop, p)
+def _agents(hosts: list[Host], out: Path, bootstrap: str,
+            stack: contextlib.ExitStack) -> list[_Agent]:
+    """One agent per node, started together (each takes a second or so to import and bind
+    its socket; one after another that was seconds of every drill)."""
+    started = []
+    for h in hosts:
+        sock, rec = out / f"{h.name}.sock", out / f"{h.name}.jsonl"
+        for stale in (sock, rec):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+        argv = [sys.executable, "-m", "flare", "agent", "--record", str(rec), "--socket",
+                str(sock), "--node", h.name, "--interval", "0.5"]
+        env = dict(os.environ, FLARE_KAFKA_BOOTSTRAP=bootstrap)
+        with open(out / f"{h.name}.agent.log", "wb") as log:
+            p = subprocess.Popen(_in_host(h, argv), stdout=log, stderr=log, env=env)
+        stack.callback(_stop, p)
+        started.append(_Agent(h, rec, sock, p))
     deadline = time.monotonic() + 30
-    while not sock.exists():
-        if p.poll() is not None or time.monotonic() > deadline:
-            raise DrillError(f"the agent of {h.name} did not start: see {log.name}")
-        time.sleep(0.05)
-    return _Agent(h, rec, sock, p)
+    for a in started:
+        while not a.socket.exists():
+            if a.process.poll() is not None or time.monotonic() > deadline:
+                raise DrillError(f"the agent of {a.host.name} did not start: see "
+                                 f"{a.host.name}.agent.log")
+            time.sleep(0.05)
+    return started
 
 
 def _stop(p: subprocess.Popen[bytes]) -> None:
@@ -372,14 +377,16 @@ def _stop(p: subprocess.Popen[bytes]) -> None:
             p.wait(5)
 
 
-def _stop_all(ranks: list[subprocess.Popen[bytes]]) -> None:
-    """End training as a scheduler does: SIGTERM (the ranks exit through Python and say
-    goodbye), SIGKILL only for a rank still there after a while."""
-    for p in ranks:
+def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """End training (or the agents) as a scheduler does: SIGTERM to all at once (the ranks
+    exit through Python and say goodbye, an agent flushes to the broker), SIGKILL only for
+    one still there after a while. All at once: one by one, each agent's flush was waited
+    for in turn."""
+    for p in procs:
         if p.poll() is None:
             p.terminate()
     deadline = time.monotonic() + 20
-    for p in ranks:
+    for p in procs:
         try:
             p.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
