@@ -73,6 +73,19 @@ class Settings(BaseSettings):
     )
     clickhouse_url: str = Field("chdb:///./data/chdb", description="chdb:///path or http(s)://")
     clickhouse_password: SecretStr = Field(SecretStr(""), description="ClickHouse password")
+    clickhouse_connect_timeout_s: int = Field(
+        5, ge=1, description="seconds to open a connection to a ClickHouse server (a host that "
+        "drops packets holds a write this long, twice: the client retries a connect once)"
+    )
+    clickhouse_read_timeout_s: int = Field(
+        30, ge=1, description="seconds a call waits for a ClickHouse server's next bytes before "
+        "it fails and the write is retried (a server that accepts and never answers); not a "
+        "limit on a long statement, for which the server sends progress headers"
+    )
+    clickhouse_write_stall_s: float = Field(
+        5.0, gt=0, description="/readyz fails while a worker's write has waited this long for "
+        "ClickHouse (the write goes on; its batch stays un-acked until stored)"
+    )
     api_host: str = "127.0.0.1"
     api_port: int = Field(8000, ge=1, le=65535)
     api_key: SecretStr | None = Field(

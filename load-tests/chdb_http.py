@@ -9,8 +9,9 @@ DDL), and an embedded engine cannot be taken away from the process that embeds i
 pointed at this front (`FLARE_CLICKHOUSE_URL=http://default@127.0.0.1:PORT/flare`) talks to
 ClickHouse exactly as in production, through clickhouse-connect's HTTP client, while the
 real engine owns the data directory in this separate process: stopping the process is a
-ClickHouse outage, starting it again on the same directory is the recovery
-(`reliability_storage_outage.py`). It prints one line once it listens.
+ClickHouse outage, starting it again on the same directory is the recovery, and freezing it
+(SIGSTOP, then SIGCONT) is a ClickHouse that hangs: connections accepted by the kernel and
+never answered (`reliability_storage_outage.py`). It prints one line once it listens.
 
 What it does, as a ClickHouse server's HTTP interface does (written from that interface's
 documentation and from what clickhouse-connect 1.12 sends):

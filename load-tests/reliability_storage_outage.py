@@ -2,7 +2,8 @@
 
 Usage:
   python load-tests/reliability_storage_outage.py [--down-s 30] [--gpus 32] [--steps 80]
-      [--speed 2] [--signal kill|term] [--keep-logs DIR]
+      [--speed 2] [--signal kill|term|stop] [--connect-timeout-s N] [--read-timeout-s N]
+      [--keep-logs DIR]
 
 There is no ClickHouse server on the test machines, so the server here is the real engine
 (chDB) behind a test HTTP front, `chdb_http.py`, in a process of its own that owns the data
@@ -22,18 +23,25 @@ client). Everything stays on loopback.
 3. **The outage.** The same job, on a fresh broker, to a worker whose store is the front. At
    40% of the replay the front's process is stopped (`--signal`: SIGKILL by default, a
    crash; `term` for a clean stop) for `--down-s`, then started again on the same data
-   directory and port. While it is away `/readyz` is polled every 0.25 s, and every second
-   the worker's counters (`/worker/stats`: records read, offsets stored and acked) and the
-   consumer group's committed offsets and the topics' end offsets (from the broker).
-   Must hold: the worker never exited (the same PID, alive at every poll); `/readyz` turned
-   503 naming ClickHouse or storage, and 200 again after the front returned; back-pressure:
-   a flush failed (its rows kept, its batch not acked), from then to the restart the
-   worker's stored-and-acked offsets did not move, and at no sample did the group's
-   committed offsets pass them; after the job, every table's rows (FINAL) and the incidents
-   (ids and fields) equal the reference's. Reported, not checked: the records the worker
-   read while the front was away (it stops taking input) and the backlog growing in the
-   topics. The stored rows are read back straight from the data directory with embedded
-   chDB, not through the front.
+   directory and port. Or it hangs instead (`--signal stop`): SIGSTOP freezes it, so the
+   kernel still accepts connections into its listen queue and nothing reads or answers
+   them (a write on an open connection waits for the read timeout); the script then fills
+   that queue, so that every further connect gets no answer at all, as from a host that
+   drops packets (a new connection waits for the connect timeout); after `--down-s`,
+   SIGCONT, and the front answers again, queued requests included. While it is away
+   `/readyz` and `/livez` are polled every 0.25 s (each answer timed), and every second the
+   worker's counters (`/worker/stats`: records read, offsets stored and acked, how long the
+   write out has waited) and the consumer group's committed offsets and the topics' end
+   offsets (from the broker). Must hold: the worker never exited (the same PID, alive at
+   every poll); `/livez` answered every poll (within 2 s); `/readyz` turned 503 naming
+   ClickHouse or storage, and 200 again after the front returned; back-pressure: a flush
+   failed or a write stayed out (its rows kept, its batch not acked), from then to the
+   restart the worker's stored-and-acked offsets did not move, and at no sample did the
+   group's committed offsets pass them; after the job, every table's rows (FINAL) and the
+   incidents (ids and fields) equal the reference's. Reported, not checked: the records the
+   worker read while the front was away (it stops taking input), the backlog growing in the
+   topics, and how long the probes took. The stored rows are read back straight from the
+   data directory with embedded chDB, not through the front.
 
 Prints markdown tables and a verdict; exit 1 when a check fails.
 """
@@ -43,8 +51,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import select
 import shutil
 import signal
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,7 +83,8 @@ from streams.kafka.topics import ensure_topics
 
 FRONT = Path(__file__).resolve().parent / "chdb_http.py"
 PARTITIONS = 4
-POLL_S = 0.25  # /readyz through the outage
+POLL_S = 0.25  # /readyz and /livez through the outage
+PROBE_TIMEOUT_S = 2.0  # a probe not answered within this counts as not answered
 SAMPLE_S = 1.0  # the worker's counters and the group's offsets
 TPS = [(t, p) for t in INPUT_TOPICS for p in range(PARTITIONS)]
 # Every written column of each table, for reading it whole (storage.reader's rules).
@@ -123,8 +135,42 @@ class Front:
         except httpx.HTTPError:
             return False
 
+    def freeze(self) -> tuple[float, int]:
+        """SIGSTOP the front, then fill its listen queue: returns time.monotonic() once
+        frozen, and how many connections the kernel still accepted for it before the first
+        that got no answer. Those and that one are held open until `thaw`."""
+        assert self.child is not None
+        self.child.process.send_signal(signal.SIGSTOP)
+        t = time.monotonic()
+        self._held: list[socket.socket] = []
+        while len(self._held) < 1024:
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", self.port))
+            self._held.append(s)
+            _, writable, _ = select.select([], [s], [], 1.0)
+            if not writable:  # no SYN-ACK in 1 s: the queue is full, connects now hang
+                return t, len(self._held) - 1
+        raise RuntimeError("the frozen front's listen queue never filled")
+
+    def thaw(self) -> float:
+        """Let the held connections go and SIGCONT the front; returns time.monotonic() once
+        it answers /ping again (also kept in `answered_at`)."""
+        for s in getattr(self, "_held", []):
+            s.close()
+        self._held = []
+        child = self.child
+        assert child is not None
+        child.process.send_signal(signal.SIGCONT)
+        rk.wait_for("the ClickHouse front to answer again", lambda: self._pings(child), 60,
+                    0.05)
+        self.answered_at = time.monotonic()
+        return self.answered_at
+
     def stop(self, sig: signal.Signals = signal.SIGTERM) -> float:
         """Stop the front with `sig`; returns time.monotonic() once its process is gone."""
+        if getattr(self, "_held", None):
+            self.thaw()  # a frozen process takes no SIGTERM
         if self.child is not None and self.child.alive():
             if sig == signal.SIGTERM:
                 self.child.stop(30)
@@ -201,6 +247,7 @@ class Sample:
     end: dict[str, int]  # per "topic[p]": the broker's end offset
     storage_ok: bool
     storage_failures: int
+    writing_s: float  # how long the worker's write out had waited (0: none out)
     readyz: str  # /readyz's status code
 
     @property
@@ -222,6 +269,11 @@ class Outage:
     """What was seen through the outage."""
 
     signal: str = ""
+    queue_accepted: int | None = None  # connects the frozen front's kernel still accepted
+    livez: list[tuple[float, str, float]] = field(default_factory=list)  # t, code, seconds
+    readyz: list[tuple[float, str, float]] = field(default_factory=list)
+    livez_before: list[tuple[float, str, float]] = field(default_factory=list)  # streaming
+    readyz_before: list[tuple[float, str, float]] = field(default_factory=list)
     worker_alive_throughout: bool = True
     worker_same_pid: bool = False
     readyz_changes: list[tuple[float, str]] = field(default_factory=list)
@@ -265,7 +317,48 @@ def sample(w: WorkerProcess, offsets: GroupOffsets, t: float) -> Sample:
     stats = w.stats()
     committed, end = offsets.read()
     return Sample(round(t, 1), int(stats["records"]), dict(stats["acked"]), committed, end,
-                  bool(stats["storage_ok"]), int(stats["storage_failures"]), ro.readyz(w)[0])
+                  bool(stats["storage_ok"]), int(stats["storage_failures"]),
+                  float(stats.get("storage_writing_s", 0.0)), ro.readyz(w)[0])
+
+
+def timed(probe: Any) -> tuple[Any, float]:
+    """A probe's answer and the seconds it took."""
+    t0 = time.perf_counter()
+    out = probe()
+    return out, time.perf_counter() - t0
+
+
+def probes(w: WorkerProcess, t: float
+           ) -> tuple[tuple[float, str, float], tuple[float, str, float], str]:
+    """`/livez` then `/readyz`, each as (t, status code, seconds it took), and `/readyz`'s
+    reason."""
+    live, live_s = timed(lambda: livez(w))
+    (code, detail), ready_s = timed(lambda: ro.readyz(w))
+    return (t, live, live_s), (t, code, ready_s), detail
+
+
+def livez(w: WorkerProcess) -> str:
+    """`/livez`'s status code, or the error's name."""
+    try:
+        return str(w.get("/livez", PROBE_TIMEOUT_S).status_code)
+    except httpx.HTTPError as exc:
+        return type(exc).__name__
+
+
+def reason_kind(detail: str) -> str:
+    """A 503's reason, shortened to what kind of storage trouble it names."""
+    if not detail.startswith("storage"):
+        return detail[:100]
+    low = detail.lower()
+    for needle, kind in (("has waited", "storage: a write waiting for an answer"),
+                         ("read timed out", "storage: read timed out"),
+                         ("connect timeout", "storage: connect timed out"),
+                         ("connecttimeout", "storage: connect timed out"),
+                         ("timed out", "storage: timed out"),
+                         ("refused", "storage: connection refused")):
+        if needle in low:
+            return kind
+    return detail.split(":")[0]
 
 
 def read_rows(data: Path) -> tuple[dict[str, int], dict[str, int], dict[str, dict[str, Any]]]:
@@ -326,9 +419,11 @@ def reference(rec: Path, work: Path, speed: float, replay_s: float
 
 
 def outage_run(rec: Path, work: Path, speed: float, replay_s: float, down_s: float,
-               sig: signal.Signals) -> tuple[rk.Run, dict[str, int], Outage]:
-    """The job through a worker whose store is the front; the front away for `down_s` at
-    40% of the replay. Returns the rows (FINAL), the rows as stored, and what was seen."""
+               sig: signal.Signals, worker_env: dict[str, str]
+               ) -> tuple[rk.Run, dict[str, int], Outage]:
+    """The job through a worker whose store is the front; the front away (or frozen:
+    SIGSTOP) for `down_s` at 40% of the replay. Returns the rows (FINAL), the rows as
+    stored, and what was seen."""
     run = rk.Run(1, None)
     seen = Outage(signal=sig.name)
     work.mkdir()
@@ -339,18 +434,24 @@ def outage_run(rec: Path, work: Path, speed: float, replay_s: float, down_s: flo
         offsets = GroupOffsets(broker.connection)
         w = start_worker(broker.connection, work, name="w", group=rk.GROUP,
                          partitions=PARTITIONS, api_port=free_port(), cwd=rk.ROOT,
-                         extra_env={"FLARE_CLICKHOUSE_URL": front.url})
+                         extra_env={"FLARE_CLICKHOUSE_URL": front.url, **worker_env})
         player: subprocess.Popen[bytes] | None = None
         try:
             w.wait_ready(120)
             pid = w.process.pid
             player = _player(rec, broker.bootstrap, speed)
-            time.sleep(0.4 * replay_s)
-            t_down = front.stop(sig)  # its process is gone: nothing answers on the port
+            _before(w, seen, time.monotonic() + 0.4 * replay_s)
+            if sig == signal.SIGSTOP:  # frozen: connections accepted, or not, never answered
+                t_down, seen.queue_accepted = front.freeze()
+            else:
+                t_down = front.stop(sig)  # its process is gone: nothing answers on the port
             seen.at_stop = sample(w, offsets, time.monotonic() - t_down)
             _away(w, offsets, seen, t_down, down_s)
             seen.at_restart = sample(w, offsets, time.monotonic() - t_down)
-            front.start()
+            if sig == signal.SIGSTOP:
+                front.thaw()
+            else:
+                front.start()
             _back(w, seen, front.answered_at, 120)
             seen.after = sample(w, offsets, time.monotonic() - t_down)
             _finish(player, replay_s)
@@ -370,23 +471,36 @@ def outage_run(rec: Path, work: Path, speed: float, replay_s: float, down_s: flo
 
 def _away(w: WorkerProcess, offsets: GroupOffsets, seen: Outage, t_down: float,
           down_s: float) -> None:
-    """Poll `/readyz` (and the counters every SAMPLE_S) until `down_s` after the stop."""
+    """Poll `/livez` and `/readyz`, timed (and the counters every SAMPLE_S), until `down_s`
+    after the stop."""
     next_sample = t_down + SAMPLE_S
     while (now := time.monotonic()) < t_down + down_s:
         seen.worker_alive_throughout &= w.alive()
-        code, detail = ro.readyz(w)
         t = round(now - t_down, 1)
+        live, ready, detail = probes(w, t)
+        seen.livez.append(live)
+        seen.readyz.append(ready)
+        code = ready[1]
         if not seen.readyz_changes or seen.readyz_changes[-1][1] != code:
             seen.readyz_changes.append((t, code))
         if code == "503":
             if seen.first_503_after_s is None:
                 seen.first_503_after_s, seen.first_503_reason = t, detail
-            reason = detail.split(":")[0] if detail.startswith("storage") else detail
+            reason = reason_kind(detail)
             if reason not in seen.reasons:
                 seen.reasons.append(reason)
         if now >= next_sample:
             seen.samples.append(sample(w, offsets, now - t_down))
             next_sample += SAMPLE_S
+        time.sleep(POLL_S)
+
+
+def _before(w: WorkerProcess, seen: Outage, until: float) -> None:
+    """Time the probes while the worker streams with its store answering, for comparison."""
+    while (now := time.monotonic()) < until:
+        live, ready, _detail = probes(w, now)
+        seen.livez_before.append(live)
+        seen.readyz_before.append(ready)
         time.sleep(POLL_S)
 
 
@@ -406,18 +520,22 @@ def _back(w: WorkerProcess, seen: Outage, t_back: float, timeout_s: float) -> No
 
 def back_pressure(seen: Outage) -> dict[str, bool]:
     """The back-pressure checks: once a flush failed (the front gone; its rows kept, its
-    batch not acked), the worker's stored-and-acked offsets stay where they are until the
-    front is back, and at no time does the group's committed offset pass them. (Before the
-    first failed flush a batch that produced no rows may still be acked: it has nothing to
-    store.)"""
+    batch not acked) or a write stayed out (the front frozen), the worker's stored-and-acked
+    offsets stay where they are until the front is back, and at no time does the group's
+    committed offset pass them. (Before that a batch that produced no rows may still be
+    acked: it has nothing to store; and a write answered just before the stop is acked just
+    after it.)"""
     stop, restart = seen.at_stop, seen.at_restart
     assert stop is not None and restart is not None
     during = [stop, *seen.samples, restart]
-    failed = [s for s in during if s.storage_failures > stop.storage_failures]
+    stuck = [s for s in during if s.storage_failures > stop.storage_failures
+             or (s is not stop and s.writing_s >= SAMPLE_S)]
+    stuck = during[during.index(stuck[0]):] if stuck else []
     return {
-        "a flush failed while away (its rows kept, its batch not acked)": bool(failed),
-        "acked offsets frozen from the first failed flush to the restart": bool(failed) and all(
-            s.acked == failed[0].acked for s in failed),
+        "a flush failed or a write stayed out while away (its rows kept, its batch not "
+        "acked)": bool(stuck),
+        "acked offsets frozen from then to the restart": bool(stuck) and all(
+            s.acked == stuck[0].acked for s in stuck),
         "no committed offset past the acked ones": all(
             s.committed.get(k, -1) <= restart.acked.get(k, -1) + 1
             for s in during for k in s.committed),
@@ -430,12 +548,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=32)
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--speed", type=float, default=2.0)
-    ap.add_argument("--signal", choices=("kill", "term"), default="kill",
-                    help="how the front is stopped: SIGKILL (a crash, default) or SIGTERM")
+    ap.add_argument("--signal", choices=("kill", "term", "stop"), default="kill",
+                    help="how the front is stopped: SIGKILL (a crash, default), SIGTERM, or "
+                    "SIGSTOP (it hangs: connections accepted, or not, and never answered; "
+                    "SIGCONT after --down-s)")
+    ap.add_argument("--connect-timeout-s", type=int, default=None,
+                    help="the worker's FLARE_CLICKHOUSE_CONNECT_TIMEOUT_S (default: its own)")
+    ap.add_argument("--read-timeout-s", type=int, default=None,
+                    help="the worker's FLARE_CLICKHOUSE_READ_TIMEOUT_S (default: its own)")
     ap.add_argument("--keep-logs", type=Path, default=None,
                     help="copy the worker's, the front's and tansu's logs here")
     args = ap.parse_args(argv)
-    sig = signal.SIGKILL if args.signal == "kill" else signal.SIGTERM
+    sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}[args.signal]
+    worker_env = {name: str(value) for name, value in (
+        ("FLARE_CLICKHOUSE_CONNECT_TIMEOUT_S", args.connect_timeout_s),
+        ("FLARE_CLICKHOUSE_READ_TIMEOUT_S", args.read_timeout_s)) if value is not None}
     workdir = Path(tempfile.mkdtemp(prefix="flare-storage-outage-"))
     replay_s = args.steps * 0.5 / args.speed
     t0 = time.monotonic()
@@ -446,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         ref, ref_stored = reference(rec, workdir / "ref", args.speed, replay_s)
         print(f"reference: {ref.counts}", file=sys.stderr)
         out, stored, seen = outage_run(rec, workdir / "out", args.speed, replay_s,
-                                       args.down_s, sig)
+                                       args.down_s, sig, worker_env)
     finally:
         if args.keep_logs is not None:
             args.keep_logs.mkdir(parents=True, exist_ok=True)
@@ -467,11 +594,19 @@ def report(argv: list[str] | None, args: argparse.Namespace, replay_s: float, wa
     assert stop is not None and restart is not None and after is not None
     print(f"`python load-tests/reliability_storage_outage.py "
           f"{' '.join(argv or sys.argv[1:])}`\n")
+    frozen = seen.signal == "SIGSTOP"
+    how = (f"frozen by SIGSTOP (its listen queue then filled: {seen.queue_accepted} "
+           f"connections accepted, further connects unanswered) at 40% of the replay for "
+           f"{args.down_s:g} s, then SIGCONT" if frozen else
+           f"stopped by SIG{seen.signal[3:]} at 40% of the replay for {args.down_s:g} s")
+    timeouts = ", ".join(f"{k}={v}" for k, v in (
+        ("FLARE_CLICKHOUSE_CONNECT_TIMEOUT_S", args.connect_timeout_s),
+        ("FLARE_CLICKHOUSE_READ_TIMEOUT_S", args.read_timeout_s)) if v is not None)
     print(f"{rk.machine()}; job: {args.gpus} GPUs, {args.steps} steps of 0.5 s, one GPU "
           f"slowed x1.5, replayed at {args.speed}x ({replay_s:.0f} s); ClickHouse = chDB "
           f"behind load-tests/chdb_http.py (a test HTTP front, not a ClickHouse server "
-          f"binary), stopped by SIG{seen.signal[3:]} at 40% of the replay for "
-          f"{args.down_s:g} s; {wall_s / 60:.1f} min in all\n")
+          f"binary), {how}; worker timeouts: {timeouts or 'its defaults'}; "
+          f"{wall_s / 60:.1f} min in all\n")
 
     print("| the front answers as embedded chDB does | |\n|---|---|")
     print(f"| migrations, every table read whole (FINAL), {len(READS)} API questions | "
@@ -491,6 +626,16 @@ def report(argv: list[str] | None, args: argparse.Namespace, replay_s: float, wa
           f"\"{seen.first_503_reason[:160]}\" |")
     print(f"| 503 reasons seen while away | {'; '.join(r[:100] for r in seen.reasons)} |")
     print(f"| 200 again after the front answered | {seen.ready_again_after_s} s |")
+    live_ok = bool(seen.livez) and all(code == "200" for _t, code, _s in seen.livez)
+    for name, when, polls in (("/livez", "while away", seen.livez),
+                              ("/readyz", "while away", seen.readyz),
+                              ("/livez", "before the stop", seen.livez_before),
+                              ("/readyz", "before the stop", seen.readyz_before)):
+        took = sorted(x for _t, _c, x in polls)
+        answered = sum(code in ("200", "503") for _t, code, _s in polls)
+        print(f"| {name} {when}: polls answered (200 or 503) / polled; median, slowest "
+              f"answer | {answered} / {len(polls)}; {statistics.median(took) * 1e3:.0f} ms, "
+              f"{took[-1] * 1e3:.0f} ms |")
     for name, held in bp.items():
         print(f"| back-pressure: {name} | {held} |")
     print(f"| storage_ok false at the counters' samples while away | "
@@ -510,13 +655,14 @@ def report(argv: list[str] | None, args: argparse.Namespace, replay_s: float, wa
     print(f"| incidents equal the reference's (ids and fields) | "
           f"{out.incidents == ref.incidents} ({len(out.incidents)}) |")
     print("\n| s after the stop | /readyz | records read | stored and acked | committed "
-          "(group) | backlog past committed | storage_ok |\n|---|---|---|---|---|---|---|")
+          "(group) | backlog past committed | storage_ok | write out for (s) |\n"
+          "|---|---|---|---|---|---|---|---|")
     every = max(1, round(5 / SAMPLE_S))
     shown = [(" (stop)", stop), *(("", s) for s in seen.samples[every - 1::every]),
              (" (restart)", restart), (" (ready again)", after)]
     for label, s in shown:
         print(f"| {s.t}{label} | {s.readyz} | {s.records} | {s.acked_total} | "
-              f"{s.committed_total} | {s.backlog} | {s.storage_ok} |")
+              f"{s.committed_total} | {s.backlog} | {s.storage_ok} | {s.writing_s:.1f} |")
     print(f"\nreference rows (FINAL): {ref.counts}")
     print(f"outage run rows (FINAL): {out.counts}")
     print(f"rows before FINAL (an incident's states and any re-sent row, until background "
@@ -526,7 +672,7 @@ def report(argv: list[str] | None, args: argparse.Namespace, replay_s: float, wa
     if out.incidents != ref.incidents:
         print(f"reference incidents: {ref.incidents}\noutage run incidents: {out.incidents}")
 
-    ok &= seen.worker_same_pid and seen.worker_alive_throughout
+    ok &= seen.worker_same_pid and seen.worker_alive_throughout and live_ok
     ok &= seen.first_503_after_s is not None and names
     ok &= seen.ready_again_after_s is not None
     ok &= all(bp.values())

@@ -152,3 +152,13 @@ class Buffer:
     def clear(self) -> None:
         self.chunks = [[] for _ in self._columns]
         self.rows = 0
+
+    def extend(self, later: Buffer) -> None:
+        """Append the rows of `later` (a buffer of the same table) after this one's: rows a
+        failed write hands back go before those added meanwhile, so one INSERT keeps the order
+        they were produced in (ReplacingMergeTree without a version keeps the last)."""
+        if later.table is not self.table:
+            raise ValueError(f"cannot join rows of {later.table.name} to {self.table.name}")
+        for chunks, more in zip(self.chunks, later.chunks, strict=True):
+            chunks.extend(more)
+        self.rows += later.rows

@@ -24,6 +24,16 @@ from pydantic import SecretStr
 from schemas.redact import redact_url
 
 DEFAULT_DATABASE = "flare"
+# How long a server may take, by default (FLARE_CLICKHOUSE_CONNECT_TIMEOUT_S and
+# FLARE_CLICKHOUSE_READ_TIMEOUT_S set them): a host that drops packets holds a call for the
+# connect timeout (twice: the HTTP client retries a connect once), a server that accepts and
+# never answers for the read timeout. clickhouse-connect's own are 10 s and 300 s.
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 30
+# A ping is a probe's question: it must answer within the probe's own patience (Kubernetes
+# waits 1 s by default) whatever a statement in flight is waiting for. The driver retries a
+# failed connect once, so a ping that gets no answer takes twice this.
+PING_TIMEOUT_S = 0.5
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMORY = ("", "memory", ":memory:")
 
@@ -119,11 +129,13 @@ class ClickHouse:
     database and can exist before `CREATE DATABASE` ran.
     """
 
-    def __init__(self, client: Any, database: str, location: str) -> None:
+    def __init__(self, client: Any, database: str, location: str, *,
+                 server: bool = False) -> None:
         self._client = client
         self._lock = threading.RLock()
         self.database = database
         self.location = location
+        self._server = server  # reached over HTTP: pinged without the lock (see `ping`)
 
     def __repr__(self) -> str:
         return f"ClickHouse({self.location!r}, database={self.database!r})"
@@ -164,7 +176,17 @@ class ClickHouse:
         self._call(f"insert into {table}", lambda: self._client.insert_arrow(table, data))
 
     def ping(self) -> bool:
-        """True when the engine or server answers a trivial query."""
+        """True when the engine answers a trivial query, or the server its `/ping`.
+
+        A server is asked over a connection of its own, within PING_TIMEOUT_S and without the
+        lock: a probe must answer promptly even while a write waits (up to the read timeout)
+        on a server that does not answer, and queued pings must not hold up that write's
+        retry. (`/ping` says the server is up; a statement that fails says the rest.)"""
+        if self._server:
+            try:
+                return bool(self._client.ping(timeout=PING_TIMEOUT_S))
+            except Exception:  # the driver answers False for network errors; anything else too
+                return False
         try:
             self._call("ping", lambda: self._client.command("SELECT 1"))
         except StorageError:
@@ -183,9 +205,22 @@ class ClickHouse:
         self.close()
 
 
-def connect(url: str, password: str | SecretStr | None = None) -> ClickHouse:
-    """Build the client a URL names. chDB creates its data directory if needed."""
+def connect(url: str, password: str | SecretStr | None = None, *,
+            connect_timeout_s: int = CONNECT_TIMEOUT_S,
+            read_timeout_s: int = READ_TIMEOUT_S) -> ClickHouse:
+    """Build the client a URL names. chDB creates its data directory if needed.
+
+    For a server, `connect_timeout_s` bounds opening a connection and `read_timeout_s` each
+    wait for the server's next bytes (whole seconds: the driver truncates to int). The read
+    timeout is meant as no limit on a statement's length: clickhouse-connect asks the server
+    for progress headers every max(10, read - 5) s, so with 15 s or more a long statement
+    keeps its connection busy and only a server that stopped answering reaches the timeout
+    (the driver's design, not measured here: the test machines have no ClickHouse server).
+    """
     import clickhouse_connect
+
+    if connect_timeout_s < 1 or read_timeout_s < 1:
+        raise ValueError("ClickHouse timeouts are whole seconds, at least 1")
 
     parsed = parse_url(url, password)
     try:
@@ -201,10 +236,12 @@ def connect(url: str, password: str | SecretStr | None = None) -> ClickHouse:
                 username=parsed.username or "default",
                 password=parsed.password,
                 secure=parsed.scheme == "https",
+                connect_timeout=connect_timeout_s,
+                send_receive_timeout=read_timeout_s,
             )
     except Exception as exc:  # any driver or socket failure while connecting
         raise StorageError(f"cannot connect to ClickHouse at {parsed.redacted()}: {exc}") from exc
-    return ClickHouse(client, parsed.database, parsed.redacted())
+    return ClickHouse(client, parsed.database, parsed.redacted(), server=not parsed.embedded)
 
 
 def connect_when_ready(
@@ -215,16 +252,20 @@ def connect_when_ready(
     interval_s: float = 1.0,
     now: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    connect_timeout_s: int = CONNECT_TIMEOUT_S,
+    read_timeout_s: int = READ_TIMEOUT_S,
 ) -> ClickHouse:
     """Connect, retrying until `timeout_s`: a server started next to us may still be booting.
 
-    Time is an input (`now`, `sleep`) so the retry policy is tested without waiting.
+    Time is an input (`now`, `sleep`) so the retry policy is tested without waiting. The
+    client's own timeouts are `connect`'s.
     """
     parse_url(url, password)  # a malformed URL fails at once, not after the timeout
     deadline = now() + timeout_s
     while True:
         try:
-            db = connect(url, password)
+            db = connect(url, password, connect_timeout_s=connect_timeout_s,
+                         read_timeout_s=read_timeout_s)
             if db.ping():
                 return db
             db.close()

@@ -261,25 +261,27 @@ class MemoryStore(Reader):
     def add_dead_letter(self, dl: DeadLetterV1) -> None:
         self.buffered.append(dl)
 
+    @property
+    def full(self) -> bool:
+        """Never: this store holds what it is given (`Sink.full`)."""
+        return False
+
+    def take(self) -> MemoryRows:
+        """What is buffered, moved out to be written (as `Sink.take`)."""
+        rows = MemoryRows(self, self.buffered)
+        self.buffered = []
+        return rows
+
     def flush(self) -> dict[str, int]:
         """Store what is buffered; returns rows per table as `Sink.flush` counts them."""
-        self._check("insert")
-        written: dict[str, int] = defaultdict(int)
-        incidents, dead = set(), set()
-        for item in self.buffered:
-            if isinstance(item, StepReport):
-                for table, n in _REPORT_ROWS:
-                    written[table] += n(item)
-                written["ops"] += item.frame.n_ops if item.frame is not None else 0
-            elif isinstance(item, IncidentV1):
-                incidents.add(item.id)
-            else:
-                dead.add((item.topic, item.partition, item.offset))
-        written["incidents"], written["dead_letters"] = len(incidents), len(dead)
-        self.stored.extend(self.buffered)
-        self.buffered.clear()
-        self._tables = None
-        return {table: n for table, n in written.items() if n}
+        rows = self.take()
+        try:
+            written = rows.write()
+        except BaseException:
+            rows.settle(stored=False)
+            raise
+        rows.settle(stored=True)
+        return written
 
     def _rows(self, table: Table) -> list[Row]:
         """The stored rows of a table, one per natural key: the newest write wins, and for
@@ -458,3 +460,41 @@ _RANK_KEYS: dict[str, Callable[[Row], Any]] = {  # the ORDER BY of Queries.rank_
     "compute_ratio": lambda s: (s["compute_ratio"], s["rank"]),
     "gap": lambda s: (-s["gap_s"], s["rank"]),
 }
+
+
+class MemoryRows:
+    """Items taken out of a `MemoryStore`, as `storage.writer.SinkRows` are out of a Sink:
+    `write` stores them (raising StorageError while the store is set to fail), `settle`
+    puts them back in front of newer ones when the write failed."""
+
+    def __init__(self, store: MemoryStore, items: list[Stored]) -> None:
+        self._store = store
+        self.items = items
+
+    def write(self) -> dict[str, int]:
+        """Store the items; rows per table as `Sink.flush` counts them."""
+        store = self._store
+        store._check("insert")
+        written: dict[str, int] = defaultdict(int)
+        incidents, dead = set(), set()
+        for item in self.items:
+            if isinstance(item, StepReport):
+                for table, n in _REPORT_ROWS:
+                    written[table] += n(item)
+                written["ops"] += item.frame.n_ops if item.frame is not None else 0
+            elif isinstance(item, IncidentV1):
+                incidents.add(item.id)
+            else:
+                dead.add((item.topic, item.partition, item.offset))
+        written["incidents"], written["dead_letters"] = len(incidents), len(dead)
+        store.stored.extend(self.items)
+        store._tables = None
+        self.items = []
+        return {table: n for table, n in written.items() if n}
+
+    def settle(self, *, stored: bool) -> None:
+        """After a failed write, the items go back in front of those added meanwhile."""
+        if not stored:
+            self._store.buffered[:0] = self.items
+        self.items = []
+

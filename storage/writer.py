@@ -12,7 +12,11 @@ report). Rows carry their natural keys (job, step, rank …; incident id; topic,
 offset) and the tables are ReplacingMergeTree, so a re-delivery after a crash rewrites rows
 instead of duplicating.
 
-Not thread-safe: one owner (the worker's loop) adds and flushes.
+Not thread-safe: one owner (the worker's loop) adds, takes and flushes. The one part that may
+run on another thread is `SinkRows.write`: the owner `take`s what is buffered and hands it to
+a thread, so a ClickHouse that never answers holds that thread, not the owner, and rows added
+meanwhile go to fresh buffers that the write never sees. The owner then `settle`s it: rows a
+failed write left go back in front of the newer ones.
 """
 
 from __future__ import annotations
@@ -44,11 +48,16 @@ class SinkStats:
 class Sink:
     """Buffers Flare's rows and writes each table with one `insert_arrow` per flush."""
 
-    def __init__(self, db: ClickHouse, *, max_rows: int = 100_000) -> None:
+    def __init__(self, db: ClickHouse, *, max_rows: int = 100_000,
+                 flush_when_full: bool = True) -> None:
+        """`flush_when_full`: write by itself, on the adding thread, once `max_rows` wait.
+        An owner that must never wait on ClickHouse (the worker's event loop) turns it off,
+        watches `full` and writes the rows on a thread of its own instead."""
         if max_rows < 1:
             raise ValueError("max_rows must be >= 1")
         self.db = db
         self.max_rows = max_rows
+        self.flush_when_full = flush_when_full
         self.stats = SinkStats()
         self._buffers = {t.name: Buffer(t) for t in TABLES}
         self._incidents: dict[str, tuple[int, IncidentV1]] = {}
@@ -59,6 +68,11 @@ class Sink:
     def pending_rows(self) -> int:
         """Rows buffered and not yet written."""
         return sum(b.rows for b in self._buffers.values()) + len(self._incidents) + len(self._dead)
+
+    @property
+    def full(self) -> bool:
+        """`max_rows` or more rows wait: time to write them (see `flush_when_full`)."""
+        return self.pending_rows >= self.max_rows
 
     # -- adding ------------------------------------------------------------------------------
 
@@ -111,6 +125,8 @@ class Sink:
         """Flush by row count. A storage failure here is not raised (adding never fails for
         the database's sake): rows stay buffered, the next try waits for another `max_rows`,
         and the caller's explicit `flush` reports the failure before it commits offsets."""
+        if not self.flush_when_full:
+            return
         pending = self.pending_rows
         if pending < max(self.max_rows, self._retry_at):
             return
@@ -135,6 +151,17 @@ class Sink:
             self._buffers["dead_letters"].append(len(dls), dls)
             self._dead.clear()
 
+    def take(self) -> SinkRows:
+        """Everything buffered, moved out of the sink to be written (`SinkRows.write`, on any
+        thread); the sink starts afresh, so rows added meanwhile are not part of that write.
+        The owner must `settle` it before taking again, or a failed write's rows could be
+        written after newer ones."""
+        self._stage_small()
+        taken = {name: buf for name, buf in self._buffers.items() if buf.rows}
+        for name, buf in taken.items():
+            self._buffers[name] = Buffer(buf.table)
+        return SinkRows(self, taken)
+
     def flush(self) -> dict[str, int]:
         """Write every buffered table (one INSERT each); returns rows written per table.
 
@@ -142,15 +169,58 @@ class Sink:
         raised: the caller must not commit its offsets, and may flush again later (tables
         already written are rewritten harmlessly: ReplacingMergeTree).
         """
-        self._stage_small()
-        written: dict[str, int] = {}
-        for name in FLUSH_ORDER:
-            buf = self._buffers[name]
-            if buf.rows == 0:
-                continue
-            self.db.insert_arrow(self.db.table(name), buf.to_arrow())  # StorageError: kept
-            written[name] = buf.rows
-            self.stats.rows[name] += buf.rows
-            buf.clear()
-        self.stats.flushes += 1
+        rows = self.take()
+        try:
+            written = rows.write()
+        except BaseException:
+            rows.settle(stored=False)
+            raise
+        rows.settle(stored=True)
         return written
+
+
+class SinkRows:
+    """Rows taken out of a `Sink`: written by any one thread, then settled by the sink's owner.
+
+    `write` touches only these rows and the client (whose own lock serializes statements), never
+    the sink, which its owner keeps filling meanwhile.
+    """
+
+    def __init__(self, sink: Sink, buffers: dict[str, Buffer]) -> None:
+        self._sink = sink
+        self._buffers = buffers  # per table, the rows not yet written
+        self.written: dict[str, int] = {}
+
+    @property
+    def rows(self) -> int:
+        """Rows taken and not yet written."""
+        return sum(b.rows for b in self._buffers.values())
+
+    def write(self) -> dict[str, int]:
+        """One INSERT per table, in `FLUSH_ORDER`; returns rows written per table. A table is
+        dropped from these rows once its INSERT returned, so after a StorageError only the
+        tables not yet written remain (a retry rewrites none twice, though doing so would be
+        harmless: ReplacingMergeTree)."""
+        db = self._sink.db
+        for name in FLUSH_ORDER:
+            buf = self._buffers.get(name)
+            if buf is None:
+                continue
+            db.insert_arrow(db.table(name), buf.to_arrow())  # StorageError: kept
+            self.written[name] = buf.rows
+            del self._buffers[name]
+        return dict(self.written)
+
+    def settle(self, *, stored: bool) -> None:
+        """Back on the sink's owner, once `write` returned or raised: count what was written,
+        and put what was not back in the sink, in front of the rows added meanwhile."""
+        sink = self._sink
+        for name, n in self.written.items():
+            sink.stats.rows[name] += n
+        if stored:
+            sink.stats.flushes += 1
+        for name, buf in self._buffers.items():
+            buf.extend(sink._buffers[name])
+            sink._buffers[name] = buf
+        self._buffers = {}
+        self.written = {}

@@ -37,6 +37,19 @@ _encode = msgspec.json.Encoder().encode
 BATCH_MAX = 2000  # records per pipeline call at most, and stored and acked together
 
 
+class PendingRows(Protocol):
+    """Rows taken out of the sink for one write (`storage.writer.SinkRows`)."""
+
+    def write(self) -> object:
+        """Write them; the one call that may run on another thread. StorageError: not all
+        were written."""
+        ...
+
+    def settle(self, *, stored: bool) -> None:
+        """On the sink's owner, after `write`: what was not written goes back in the sink."""
+        ...
+
+
 class RowSink(Protocol):
     """What the pipeline needs of `storage.writer.Sink`."""
 
@@ -44,7 +57,10 @@ class RowSink(Protocol):
 
     def add_dead_letter(self, dl: DeadLetterV1) -> None: ...
 
-    def flush(self) -> dict[str, int]: ...
+    @property
+    def full(self) -> bool: ...
+
+    def take(self) -> PendingRows: ...
 
 
 class Record(NamedTuple):
@@ -111,7 +127,10 @@ class Pipeline:
     def __init__(self, router: JobRouter, sink: RowSink, progress: Progress,
                  merger: EventTimeMerger[tuple[Decoded, Record]] | None = None,
                  metrics: WorkerMetrics | None = None,
-                 perf_s: SecondsClock = time.perf_counter) -> None:
+                 perf_s: SecondsClock = time.perf_counter,
+                 write_stall_s: float = 5.0) -> None:
+        """`write_stall_s`: readiness fails while a write has waited this long for storage
+        (time from the progress clock)."""
         self.router = router
         self.sink = sink
         self.progress = progress
@@ -122,6 +141,8 @@ class Pipeline:
         self._ordered = frozenset(self.merger.topics)
         self.stats = PipelineStats()
         self.storage_ok = True
+        self.write_stall_s = write_stall_s
+        self._writing_since: float | None = None  # progress clock, while a write is out
         # Per topic-partition: every offset up to this one was fully handled (dispatched or
         # dead-lettered); set at a rebalance, so re-delivered records are skipped.
         self._handled_upto: dict[tuple[str, int], int] = {}
@@ -288,27 +309,68 @@ class Pipeline:
         return now - before
 
     # ---- storage --------------------------------------------------------------------------
-    def flush(self) -> bool:
-        """Write buffered rows; False (rows kept for the next try) if storage failed."""
+    # A write is taken (`begin_write`), written (`PendingRows.write`, on any one thread) and
+    # settled (`end_write`), so the worker can write on a thread while its loop goes on:
+    # rows added meanwhile wait in the sink for the next write. One write at a time, each
+    # settled before the next is taken; then a write that succeeds has stored every row
+    # added before it began, which is what acking after it relies on.
+
+    @property
+    def buffer_full(self) -> bool:
+        """The sink holds as many rows as it should: write them before adding more."""
+        return self.sink.full
+
+    def begin_write(self) -> PendingRows:
+        """Take every buffered row for one write; call `end_write` when it returned."""
+        if self._writing_since is not None:
+            raise RuntimeError("a write is already out: settle it before taking another")
+        self._writing_since = self.progress.now()
+        return self.sink.take()
+
+    def end_write(self, rows: PendingRows, error: BaseException | None) -> bool:
+        """Settle a write: True if every row was stored. A StorageError keeps the rows not
+        written for the next write and fails readiness until a write succeeds; any other
+        error (a bug) keeps them too, and is raised."""
         from storage.client import StorageError
 
+        self._writing_since = None
+        rows.settle(stored=error is None)
+        if error is None:
+            if not self.storage_ok:
+                log.warning("ClickHouse writes work again")
+            self.storage_ok = True
+            return True
+        if not isinstance(error, StorageError):
+            raise error
+        self.stats.storage_failures += 1
+        self.stats.last_storage_error = str(error)
+        if self.storage_ok:
+            log.error("ClickHouse write failed (will retry): %s", error)
+        self.storage_ok = False
+        return False
+
+    def flush(self) -> bool:
+        """Write buffered rows on this thread; False (rows kept for the next try) if storage
+        failed. (The worker writes on a thread of its own instead: `streams.storing`.)"""
+        rows = self.begin_write()
         try:
-            self.sink.flush()
-        except StorageError as exc:
-            self.stats.storage_failures += 1
-            self.stats.last_storage_error = str(exc)
-            if self.storage_ok:
-                log.error("ClickHouse write failed (will retry): %s", exc)
-            self.storage_ok = False
-            return False
-        if not self.storage_ok:
-            log.warning("ClickHouse writes work again")
-        self.storage_ok = True
-        return True
+            rows.write()
+        except Exception as exc:
+            return self.end_write(rows, exc)
+        return self.end_write(rows, None)
+
+    def writing_s(self) -> float:
+        """How long the write out now has waited (0 when none is)."""
+        since = self._writing_since
+        return 0.0 if since is None else max(0.0, self.progress.now() - since)
 
     def readiness(self) -> Readiness:
         if not self.storage_ok:
             return Readiness(False, f"storage: {self.stats.last_storage_error}")
+        waited = self.writing_s()
+        if waited >= self.write_stall_s:
+            return Readiness(False, f"storage: a write to ClickHouse has waited {waited:.0f} s "
+                             f"for an answer (ready again once one is stored)")
         return self.progress.readiness()
 
     def metrics_text(self) -> str:
@@ -335,6 +397,7 @@ class Pipeline:
                               "fallbacks": dec.fallbacks},
             "storage_ok": self.storage_ok,
             "storage_failures": self.stats.storage_failures,
+            "storage_writing_s": round(self.writing_s(), 3),
             "rebuilt_from_history": self.stats.rebuilt,
             "skipped_redelivered": self.stats.skipped_redelivered,
             **self.progress.snapshot(),
@@ -352,6 +415,7 @@ def build_pipeline(
     decoder_cache_ranks: int = 16_384,
     wall_ns: NanoClock = time.time_ns,
     version: str = "",
+    write_stall_s: float = 5.0,
 ) -> Pipeline:
     """Wire a pipeline from its parts with one clock (seconds; the router gets ns), and the
     wall clock its metrics measure event-time lag against."""
@@ -363,4 +427,4 @@ def build_pipeline(
         decoder_max_ranks=decoder_cache_ranks,
     )
     return Pipeline(router, sink, Progress(now_s, stall_after_s),
-                    metrics=WorkerMetrics(wall_ns, version))
+                    metrics=WorkerMetrics(wall_ns, version), write_stall_s=write_stall_s)

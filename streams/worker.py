@@ -6,6 +6,9 @@ that come from measured failure modes (DESIGN §6):
   itself (`kafka/faust_consumer.py`: faust's per-event machinery was a quarter of the main
   thread at 16,384 GPUs); a record is acked only after its rows are in ClickHouse, so a
   committed offset never has rows still in memory;
+- the rows are written on a thread of their own (`storing.py`), never on the loop: a
+  ClickHouse that does not answer holds that thread for the client's timeouts, while the
+  loop keeps serving the probes (and `/readyz` says storage is stuck);
 - everything in a batch's handling is caught (an exception there must not stop the
   consumer) and a watchdog on the age of the last processed offset fails `/readyz`;
 - the loop is handed back about every 25 ms of work (`pacing.py`): the API and the probes
@@ -38,6 +41,7 @@ from streams.alerts import Notifier
 from streams.pacing import TurnBudget
 from streams.pipeline import BATCH_MAX, BatchResult, Outgoing, Pipeline, Record
 from streams.rebuild import rebuild_partitions
+from streams.storing import Storer
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +135,16 @@ def build_app(
         for o in outgoing:
             await out_topics[o.topic].send(key=o.key, value=o.value)
 
-    async def flush_until_stored() -> bool:
-        """Keep the batch un-acked until its rows are written (or we are stopping)."""
-        while not pipeline.flush():
-            if app.should_stop:
-                return False
-            await asyncio.sleep(RETRY_S)
-        return True
+    storer = Storer(pipeline, retry_s=RETRY_S)
+
+    def stopping() -> bool:
+        return bool(app.should_stop)
+
+    async def relieve() -> bool:
+        """Write the rows if the sink is full (no ack: that waits for the batch's end), so a
+        large batch or tick never holds more than the sink's bound in memory; False if the
+        worker is stopping first."""
+        return not pipeline.buffer_full or await storer.until_stored(stopping)
 
     def sample_highwaters() -> None:
         """Each assigned partition's high watermark (for lag) and the mark of its last fetch
@@ -180,14 +187,14 @@ def build_app(
         except asyncio.QueueFull:
             notifier.stats.failed += len(item or ())
 
+    def ack(message: Any) -> None:
+        app.consumer.ack(message)
+        pipeline.progress.acked(message.topic, message.partition, message.offset)
+
     async def finish(result: BatchResult, done: Sequence[Any] = ()) -> None:
-        """Store, then ack the batch's messages that are `done` and those the merge had held
-        and are now processed, then publish."""
-        if await flush_until_stored():
-            ack, acked = app.consumer.ack, pipeline.progress.acked
-            for message in chain(done, result.finished):
-                ack(message)
-                acked(message.topic, message.partition, message.offset)
+        """Store (every row buffered so far), then ack the batch's messages that are `done`
+        and those the merge had held and are now processed, then publish."""
+        await storer.store_then_ack(chain(done, result.finished), ack, stopping)
         try:
             await send(result.outgoing)
         except Exception:
@@ -220,6 +227,8 @@ def build_app(
             if part is None or not part.finished:
                 break
             result.extend(part)
+            if not await relieve():
+                return
             await asyncio.sleep(0)
         if result.finished:
             await finish(result)
@@ -242,6 +251,8 @@ def build_app(
                 part = call(partial(pipeline.on_records, records, n), len(records))
                 if part is not None:
                     result.extend(part)
+                if not await relieve():
+                    return  # stopping: nothing of this batch is acked
                 await asyncio.sleep(0)
             held = {id(m) for m in result.held}
             await finish(result, [m for m in chunk if id(m) not in held] if held else chunk)
@@ -263,6 +274,8 @@ def build_app(
             turn = clock()
             for part in pipeline.ticks(budget.records()):  # one job at a time
                 result.extend(part)
+                if not await relieve():
+                    return
                 if budget.spent(turn, clock()):
                     await asyncio.sleep(0)
                     turn = clock()
@@ -292,7 +305,10 @@ def build_app(
         app.timer(TICK_S, name="flare.worker.alerts")(resend_alerts)
 
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
-        pipeline.flush()
+        # Store what was handled, without holding the rebalance up on ClickHouse: nothing
+        # acked depends on this write (acks wait for one of their own), it only stores early
+        # the rows of records that, back here after the rebalance, are skipped as handled.
+        storer.write_soon()
         pipeline.on_revoked((tp.topic, tp.partition) for tp in revoked)
 
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
@@ -321,8 +337,10 @@ def build_app(
     app.on_partitions_assigned.connect(on_assigned)  # type: ignore[arg-type]
 
     async def on_shutdown(sender: Any, **kwargs: Any) -> None:
+        """A last write (of rows whose records are not acked: they are read again anyway),
+        after the one out, if any; each bounded by the client's timeouts."""
         pipeline.progress.stopping = True
-        pipeline.flush()
+        await storer.write()
 
     app.on_before_shutdown.connect(on_shutdown)  # type: ignore[arg-type]
 

@@ -27,10 +27,11 @@ async def healthz() -> Status:
 @router.get("/readyz", response_model=Status, responses=responses(503))
 async def readyz(store: StoreDep, ready: ReadyDep) -> Status:
     """Ready to answer: the embedding process says so (e.g. the worker's liveness watchdog)
-    and ClickHouse answers a query. Otherwise 503 problem+json with the reason.
+    and ClickHouse answers (the engine a query, a server its `/ping`, promptly: see
+    `storage.client.ClickHouse.ping`). Otherwise 503 problem+json with the reason.
 
     The embedding process's check runs on the event loop (the worker's pipeline is read
-    there, never from another thread); the query runs on a thread, since a ClickHouse
+    there, never from another thread); the ping runs on a thread, since a ClickHouse
     server that does not answer must not hold the loop that serves `/livez`."""
     detail = None
     if ready is not None:

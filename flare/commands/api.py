@@ -56,7 +56,9 @@ def register(app: typer.Typer) -> None:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
         try:
             db = connect_when_ready(
-                settings.clickhouse_url, settings.clickhouse_password, timeout_s=wait_s
+                settings.clickhouse_url, settings.clickhouse_password, timeout_s=wait_s,
+                connect_timeout_s=settings.clickhouse_connect_timeout_s,
+                read_timeout_s=settings.clickhouse_read_timeout_s,
             )
         except (StorageError, ValueError) as exc:
             typer.echo(f"flare api: {exc}", err=True)

@@ -99,11 +99,15 @@ def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> No
     conn = settings.kafka_connection()
     wait_for_broker(conn, timeout_s=settings.broker_wait_s)
     ensure_topics(conn, settings.partitions)
-    db = connect_when_ready(settings.clickhouse_url, settings.clickhouse_password, timeout_s=60.0)
+    db = connect_when_ready(settings.clickhouse_url, settings.clickhouse_password, timeout_s=60.0,
+                            connect_timeout_s=settings.clickhouse_connect_timeout_s,
+                            read_timeout_s=settings.clickhouse_read_timeout_s)
     apply_schema(db)
     detector_config = DetectorSettings().config()
     pipeline = build_pipeline(
-        Sink(db),
+        # the worker writes full buffers on a thread of its own (streams.storing), never on
+        # the loop that adds the rows
+        Sink(db, flush_when_full=False),
         lambda job: JobDiagnoser(job, detector_config),
         max_message_bytes=settings.max_message_bytes,
         stall_after_s=settings.worker_stall_s,
@@ -112,6 +116,7 @@ def run(settings: Settings, *, serve_api: bool = True, quiet: bool = True) -> No
         decoder_cache_ranks=settings.decoder_cache_ranks,
         wall_ns=time.time_ns,
         version=__version__,
+        write_stall_s=settings.clickhouse_write_stall_s,
     )
     api = None
     sql = None

@@ -1,12 +1,24 @@
-"""storage.client: URLs parsed and redacted, and the connect retry policy on a fake clock."""
+"""storage.client: URLs parsed and redacted, the connect retry policy on a fake clock, and
+a server's ping beside a statement that waits."""
 
 from __future__ import annotations
 
+import threading
+from unittest.mock import create_autospec
+
 import pytest
+from clickhouse_connect.driver.httpclient import HttpClient
 from pydantic import SecretStr
 
 from schemas.testing import FakeClock
-from storage.client import StorageError, connect_when_ready, parse_url
+from storage.client import (
+    PING_TIMEOUT_S,
+    ClickHouse,
+    StorageError,
+    connect,
+    connect_when_ready,
+    parse_url,
+)
 
 
 @pytest.mark.parametrize(
@@ -54,3 +66,30 @@ def test_connect_when_ready_retries_on_a_fake_clock_then_gives_up() -> None:
     with pytest.raises(ValueError):  # a malformed URL fails at once
         connect_when_ready("nope://", now=clock.seconds, sleep=clock.sleep)
     assert len(clock.sleeps) == 3
+
+
+def test_a_server_is_pinged_beside_a_statement_that_waits_for_it() -> None:
+    """A write waiting on a server that does not answer holds the client's lock; the
+    readiness probe's ping must not queue behind it (nor hold up its retry)."""
+    client = create_autospec(HttpClient, spec_set=True, instance=True)
+    answer = threading.Event()
+    client.insert_arrow.side_effect = lambda *_args: answer.wait(30)
+    client.ping.return_value = False  # the server does not answer its /ping either
+    db = ClickHouse(client, "flare", "http://ch:8123/flare", server=True)
+    write = threading.Thread(target=db.insert_arrow, args=("flare.t", None))
+    write.start()
+    try:
+        pinged: list[bool] = []
+        probe = threading.Thread(target=lambda: pinged.append(db.ping()))
+        probe.start()
+        probe.join(30)
+        assert pinged == [False] and write.is_alive()  # answered while the write waits
+        client.ping.assert_called_once_with(timeout=PING_TIMEOUT_S)
+    finally:
+        answer.set()
+        write.join(30)
+
+
+def test_timeouts_are_whole_seconds_of_at_least_one() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        connect("http://127.0.0.1:1/", connect_timeout_s=0)

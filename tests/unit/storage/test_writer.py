@@ -83,3 +83,45 @@ def test_an_automatic_flush_failure_is_counted_not_raised() -> None:
     assert sink.stats.failed_flushes == 1 and sink.pending_rows == 21
     with pytest.raises(ValueError, match="max_rows"):
         Sink(db, max_rows=0)
+
+
+def test_rows_added_while_taken_rows_are_written_wait_for_the_next_write() -> None:
+    """The worker writes taken rows on a thread while its loop adds more: the write sends
+    only what it took, and what came meanwhile waits in the sink."""
+    db = fake_db()
+    sink = Sink(db)
+    sink.add_report(make_report("j", 1))
+    taken = sink.take()
+    sink.add_report(make_report("j", 2))
+    assert taken.write() == {"job_steps": 1, "rank_steps": 4, "group_steps": 2}
+    taken.settle(stored=True)
+    assert sink.pending_rows == 7 and sink.stats.flushes == 1
+    assert sink.flush() == {"job_steps": 1, "rank_steps": 4, "group_steps": 2}
+    steps = [call.args[1].column("step").to_pylist() for call in db.insert_arrow.call_args_list]
+    assert steps == [[1], [1] * 4, [1] * 2, [2], [2] * 4, [2] * 2]
+
+
+def test_a_failed_write_hands_back_its_rows_in_front_of_the_newer_ones() -> None:
+    db = fake_db()
+    db.insert_arrow.side_effect = [None, StorageError("rank_steps: down")]
+    sink = Sink(db)
+    sink.add_report(make_report("j", 1))
+    taken = sink.take()
+    sink.add_report(make_report("j", 2))
+    with pytest.raises(StorageError):
+        taken.write()
+    taken.settle(stored=False)
+    assert sink.stats.rows["job_steps"] == 1 and sink.stats.flushes == 0
+    db.insert_arrow.side_effect = None
+    assert sink.flush() == {"job_steps": 1, "rank_steps": 8, "group_steps": 4}
+    rank_steps = db.insert_arrow.call_args_list[3].args[1]
+    assert rank_steps.column("step").to_pylist() == [1] * 4 + [2] * 4  # the older rows first
+
+
+def test_a_sink_told_not_to_write_by_itself_only_says_it_is_full() -> None:
+    db = fake_db()
+    sink = Sink(db, max_rows=10, flush_when_full=False)
+    sink.add_report(make_report("j", 1))
+    assert not sink.full
+    sink.add_report(make_report("j", 2))  # 14 rows: an owner writes them, the sink does not
+    assert sink.full and db.insert_arrow.call_count == 0
