@@ -22,6 +22,12 @@ members are those of an entry of `pg_config` (when a trace has one) takes its na
 others are named by their order (`pg.s0`, `pg.s1`, ...: the kind of a group no trace names
 is unknown). A lane nothing ends with keeps no group (`pg.unknown`).
 
+Which pairs are judged: not every pair of lanes with the same ops (one lane per rank can
+share them: quadratic in the ranks, hours at 8,192), but each lane against those that end
+nearest to it, where its group's members are, and the nearest of other groups, where the
+gap between the bands is (`lane_pairs`, which says why a pair left out could not have
+linked); `exhaustive=True` judges them all, as the reference.
+
 >>> ms = 1_000_000
 >>> steps = np.repeat(np.arange(6), 2)
 >>> jitter = np.random.default_rng(1).integers(0, 3 * ms, size=(4, 12))
@@ -41,10 +47,17 @@ True
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from producers.kineto.groups import KAPPA, ProcessGroup, ThreadOps
+from producers.kineto.lane_pairs import (
+    candidate_pairs,
+    components,
+    foreign_pairs,
+    neighbours,
+)
 
 Lane = tuple[int, str]  # (rank, CUDA stream)
 
@@ -54,24 +67,37 @@ _ABSORBED = 0.25  # one group's lanes end at most this share as apart as they st
 _GAP = 4.0  # two bands of strays this far apart: one group's pairs, and lockstep groups'
 _TIGHT = 0.02  # one band is one group's when it strays under this share of the ops
 _CHUNK = 4096  # lane pairs compared at once
-_DIRECTION = ("send", "recv")
-_P2P = dict.fromkeys(_DIRECTION, "p2p")  # a pair's lanes: a send on one side, a recv on the other
+
+
+@dataclass(slots=True)
+class Weighed:
+    """What one `assign_streams` call weighed (pass one in to count): the buckets of two
+    lanes or more, every pair of lanes in them, and the pairs judged (medians over all their
+    ops: the cost that grows with the ranks)."""
+
+    buckets: int = 0
+    pairs: int = 0
+    judged: int = 0
 
 
 def assign_streams(lanes: Mapping[Lane, ThreadOps],
                    known: Mapping[int, tuple[ProcessGroup, ...]],
-                   nodes: Mapping[int, str]) -> dict[Lane, ProcessGroup]:
+                   nodes: Mapping[int, str], *, exhaustive: bool = False,
+                   weighed: Weighed | None = None) -> dict[Lane, ProcessGroup]:
     """(rank, stream) → the process group its kernels belong to, where the traces tell.
 
     `lanes`: every traced rank's NCCL streams with their ops (`trace.stream_ops`); `known`:
     each rank's groups from `pg_config`, when its trace has one (only names come from it);
     `nodes`: each rank's node (one clock, no network between its ranks). A lane absent
-    from the answer ended with no other rank's (module doc).
+    from the answer ended with no other rank's (module doc). `exhaustive` judges every pair
+    of lanes, not only those `lane_pairs` picks: quadratic in the ranks, the reference the
+    pruned search is held to (tests, `load-tests/bench_streams.py`); `weighed` counts.
     """
     steps = _common_steps(lanes)
+    on = {k: _on(ops, steps) for k, ops in lanes.items()}
     links: list[tuple[float, Lane, Lane]] = []
-    for bucket in _buckets(lanes, steps).values():
-        links += _links(bucket, lanes, steps, nodes)
+    for bucket in _buckets(on).values():
+        links += _links(bucket, on, nodes, exhaustive, weighed or Weighed())
     parent: dict[Lane, Lane] = {k: k for k in lanes}
     ranks: dict[Lane, set[int]] = {k: {k[0]} for k in lanes}
 
@@ -81,7 +107,7 @@ def assign_streams(lanes: Mapping[Lane, ThreadOps],
             k = parent[k]
         return k
 
-    pair = {k for k, ops in lanes.items() if np.isin(ops.names, _DIRECTION).any()}
+    pair = {k for k, ops in lanes.items() if _way(ops.names).any()}
     for _s, a, b in sorted(links):
         ra, rb = root(a), root(b)
         if ra == rb or ranks[ra] & ranks[rb]:
@@ -102,29 +128,38 @@ def assign_streams(lanes: Mapping[Lane, ThreadOps],
 
 def _common_steps(lanes: Mapping[Lane, ThreadOps]) -> np.ndarray:
     """The steps every rank's lanes cover (a rank's trace may hold more windows)."""
-    by_rank: dict[int, set[int]] = {}
+    by_rank: dict[int, list[np.ndarray]] = {}
     for (rank, _s), ops in lanes.items():
-        by_rank.setdefault(rank, set()).update(ops.step.tolist())
-    common = set.intersection(*by_rank.values()) if by_rank else set()
-    return np.array(sorted(common), dtype=np.int64)
+        by_rank.setdefault(rank, []).append(_steps_of(ops.step))
+    if not by_rank:
+        return np.empty(0, dtype=np.int64)
+    each = [np.unique(np.concatenate(s)) for s in by_rank.values()]  # a few steps a rank
+    steps, ranks = np.unique(np.concatenate(each), return_counts=True)
+    return steps[ranks == len(each)].astype(np.int64)
 
 
-def _buckets(lanes: Mapping[Lane, ThreadOps], steps: np.ndarray
-             ) -> dict[tuple[str, ...], list[Lane]]:
-    """Lanes by what they ran on `steps`, step by step: only lanes with the same ops in the
-    same order can be one group's."""
-    out: dict[tuple[str, ...], list[Lane]] = {}
-    for k, ops in lanes.items():
-        sel = np.isin(ops.step, steps)
-        if int(sel.sum()) >= _MIN_MATCHED:
-            key = tuple(f"{s}:{_P2P.get(str(n), str(n))}"
-                        for s, n in zip(ops.step[sel].tolist(), ops.names[sel], strict=True))
-            out.setdefault(key, []).append(k)
+def _steps_of(step: np.ndarray) -> np.ndarray:
+    """A lane's steps, once each: its ops run in step order, so usually without a sort."""
+    if (step[1:] >= step[:-1]).all():
+        return step[np.concatenate([[True], step[1:] != step[:-1]])] if step.size else step
+    return np.unique(step)
+
+
+def _buckets(on: Mapping[Lane, ThreadOps]) -> dict[tuple[bytes, bytes], list[Lane]]:
+    """Lanes by what they ran on the common steps (`on`), step by step: only lanes with the
+    same ops in the same order can be one group's. (The key is the bytes of the steps and of
+    the names, as wide as the longest: one key a lane, not a string an op.)"""
+    out: dict[tuple[bytes, bytes], list[Lane]] = {}
+    for k, ops in on.items():
+        if ops.step.size >= _MIN_MATCHED:
+            names = np.where(_way(ops.names) != 0, "p2p", ops.names)
+            names = names.astype(f"U{int(np.strings.str_len(names).max())}")
+            out.setdefault((ops.step.tobytes(), names.tobytes()), []).append(k)
     return out
 
 
-def _links(bucket: list[Lane], lanes: Mapping[Lane, ThreadOps], steps: np.ndarray,
-           nodes: Mapping[int, str]) -> list[tuple[float, Lane, Lane]]:
+def _links(bucket: list[Lane], on: Mapping[Lane, ThreadOps], nodes: Mapping[int, str],
+           exhaustive: bool, weighed: Weighed) -> list[tuple[float, Lane, Lane]]:
     """The pairs of a bucket's lanes (of different ranks) that end together, with how far
     their ends stray: the median gap once the pair's clock offset is off.
 
@@ -139,47 +174,128 @@ def _links(bucket: list[Lane], lanes: Mapping[Lane, ThreadOps], steps: np.ndarra
       where they fall in one, it is one group's only if tight against the ops (`_TIGHT`: a
       lone traced member of each of several groups stays alone). Pairs on one node (one
       clock, no network between them) and across nodes are banded apart.
+
+    The pairs judged are those `lane_pairs` picks, first each lane's nearest, then the
+    nearest lanes of other groups (the lower end of the upper band); every pair with
+    `exhaustive`.
     """
-    if len(bucket) < 2:
+    n = len(bucket)
+    if n < 2:
         return []
-    ops = [_on(lanes[k], steps) for k in bucket]
-    fwd, rev = [_mirrored(o, 1) for o in ops], [_mirrored(o, -1) for o in ops]
-    rank = np.array([k[0] for k in bucket])
-    node = np.array([nodes.get(int(r), f"rank-{r}") for r in rank])
-    way_f = np.stack([_way(o.names) for o in fwd])
-    way_r = np.stack([_way(o.names) for o in rev])
-    i, j = np.triu_indices(len(bucket), 1)
-    keep = (rank[i] != rank[j]) & (way_f[i] == -way_r[j]).all(axis=1)
-    i, j = i[keep], j[keep]
-    end_f, end_r = np.stack([o.end_ns for o in fwd]), np.stack([o.end_ns for o in rev])
-    dur_f, dur_r = np.stack([o.dur_ns for o in fwd]), np.stack([o.dur_ns for o in rev])
-    stray, start_stray, shorter = (np.empty(i.size) for _ in range(3))
-    for c in range(0, i.size, _CHUNK):  # pairs × ops at a time, so memory stays bounded
-        a, b = i[c:c + _CHUNK], j[c:c + _CHUNK]
-        stray[c:c + a.size] = _stray(end_f[a] - end_r[b])
-        start_stray[c:c + a.size] = _stray((end_f[a] - dur_f[a]) - (end_r[b] - dur_r[b]))
-        shorter[c:c + a.size] = np.median(np.minimum(dur_f[a], dur_r[b]), axis=1)
-    ok = (stray <= np.maximum(shorter, _RESOLUTION_NS)) \
-        & ((stray <= KAPPA * _RESOLUTION_NS) | (stray <= _ABSORBED * start_stray))
-    for same in (node[i] == node[j], node[i] != node[j]):
-        sel = ok & same
+    lanes = _Sides.of(bucket, on, nodes)
+    weighed.buckets += 1
+    weighed.pairs += n * (n - 1) // 2
+    if exhaustive:
+        i, j, stray, shorter, ok = lanes.judged(*np.triu_indices(n, 1))
+    else:
+        near = neighbours(lanes.end_f, lanes.end_r, lanes.sends, lanes.takes)
+        i, j, stray, shorter, ok = lanes.judged(*candidate_pairs(near, lanes.node))
+        linked = _banded(lanes.node[i] == lanes.node[j], stray, shorter, ok)
+        i2, j2 = foreign_pairs(near, components(n, i[linked], j[linked]))
+        fresh = ~_among(i2 * n + j2, i * n + j)
+        more = lanes.judged(i2[fresh], j2[fresh])
+        i, j, stray, shorter, ok = (np.concatenate(c) for c in zip((i, j, stray, shorter, ok),
+                                                                    more, strict=True))
+    weighed.judged += i.size
+    ok = _banded(lanes.node[i] == lanes.node[j], stray, shorter, ok)
+    return [(float(stray[p]), bucket[int(i[p])], bucket[int(j[p])]) for p in np.flatnonzero(ok)]
+
+
+def _among(x: np.ndarray, sorted_: np.ndarray) -> np.ndarray:
+    """`np.isin(x, sorted_)` for a sorted int array, by bisection (numpy 2's `isin` sorts
+    or hashes both sides, ten times as long on a few hundred thousand pairs)."""
+    if not sorted_.size:
+        return np.zeros(x.size, dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_, x), sorted_.size - 1)
+    return sorted_[at] == x
+
+
+def _banded(same: np.ndarray, stray: np.ndarray, shorter: np.ndarray, ok: np.ndarray
+            ) -> np.ndarray:
+    """`ok` less the pairs above the lower of two bands, or of a band that is not tight,
+    pairs on one node (`same`) and across nodes apart (`_links`)."""
+    ok = ok.copy()
+    for one in (same, ~same):
+        sel = ok & one
         if not sel.any():
             continue
         bands = np.unique(stray[sel])
         ratios = bands[1:] / bands[:-1]
         if ratios.size and ratios.max() >= _GAP:
-            ok &= ~same | (stray <= bands[int(np.argmax(ratios))])
+            ok &= ~one | (stray <= bands[int(np.argmax(ratios))])
         elif bands[-1] > _TIGHT * float(np.median(shorter[sel])):
-            ok &= ~same
-    return [(float(stray[p]), bucket[int(i[p])], bucket[int(j[p])]) for p in np.flatnonzero(ok)]
+            ok &= ~one
+    return ok
 
 
-def _mirrored(ops: ThreadOps, sign: int) -> ThreadOps:
-    """A lane's ops, each step's sends first and receives last (`sign` 1) or the other way
-    round (-1): a pair's two lanes then meet copy for copy, one's sends against the other's
-    receives, whatever order each ran them in (each direction keeps its own order)."""
-    order = np.lexsort((-sign * _way(ops.names), ops.step))
-    return ThreadOps(ops.names[order], ops.end_ns[order], ops.dur_ns[order], ops.step[order])
+@dataclass(frozen=True, slots=True)
+class _Sides:
+    """A bucket's lanes as (lanes, ops) arrays, each step's sends first (`_f`) or its
+    receives first (`_r`, `_mirrored`), with each lane's rank and node; lane i's sends
+    mirror lane j's receives when `sends[i] == takes[j]`."""
+
+    rank: np.ndarray
+    node: np.ndarray
+    end_f: np.ndarray
+    end_r: np.ndarray
+    dur_f: np.ndarray
+    dur_r: np.ndarray
+    sends: np.ndarray
+    takes: np.ndarray
+
+    @staticmethod
+    def of(bucket: list[Lane], on: Mapping[Lane, ThreadOps], nodes: Mapping[int, str]
+           ) -> _Sides:
+        rank = np.array([k[0] for k in bucket])
+        end = np.stack([on[k].end_ns for k in bucket])
+        dur = np.stack([on[k].dur_ns for k in bucket])
+        step = on[bucket[0]].step  # a bucket's lanes ran the same steps (its key)
+        # a bucket's lanes differ only in which of their p2p ops are sends: a few patterns
+        ways, lane_way = np.unique(_way(np.stack([on[k].names for k in bucket])), axis=0,
+                                   return_inverse=True)
+        lane_way = lane_way.ravel()
+        fwd, rev = _mirrored(ways, step, 1), _mirrored(ways, step, -1)
+        # one id per pattern of sends and receives: lane i's mirror lane j's when they match
+        ids = np.unique(np.concatenate([np.take_along_axis(ways, fwd, 1),
+                                        -np.take_along_axis(ways, rev, 1)]),
+                        axis=0, return_inverse=True)[1].ravel()
+        fwd, rev = fwd[lane_way], rev[lane_way]
+        return _Sides(rank, np.array([nodes.get(int(r), f"rank-{r}") for r in rank]),
+                      np.take_along_axis(end, fwd, 1), np.take_along_axis(end, rev, 1),
+                      np.take_along_axis(dur, fwd, 1), np.take_along_axis(dur, rev, 1),
+                      ids[:len(ways)][lane_way], ids[len(ways):][lane_way])
+
+    def judged(self, i: np.ndarray, j: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The pairs (i, j) of different ranks whose sends and receives mirror, with how far
+        their ends stray, their shorter op (medians) and whether they end together."""
+        keep = (self.rank[i] != self.rank[j]) & (self.sends[i] == self.takes[j])
+        i, j = i[keep], j[keep]
+        stray, shorter = np.empty(i.size), np.empty(i.size)
+        absorbed = np.zeros(i.size, dtype=bool)
+        for c in range(0, i.size, _CHUNK):  # pairs × ops at a time, so memory stays bounded
+            a, b = i[c:c + _CHUNK], j[c:c + _CHUNK]
+            s = stray[c:c + a.size] = _stray(self.end_f[a] - self.end_r[b])
+            short = shorter[c:c + a.size] = np.median(np.minimum(self.dur_f[a], self.dur_r[b]),
+                                                      axis=1)
+            # the starts matter only to a pair that ends close enough, and not to the µs
+            ask = np.flatnonzero((s <= np.maximum(short, _RESOLUTION_NS))
+                                 & (s > KAPPA * _RESOLUTION_NS))
+            if ask.size:
+                a, b = a[ask], b[ask]
+                starts = (self.end_f[a] - self.dur_f[a]) - (self.end_r[b] - self.dur_r[b])
+                absorbed[c + ask] = s[ask] <= _ABSORBED * _stray(starts)
+        ok = (stray <= np.maximum(shorter, _RESOLUTION_NS)) \
+            & ((stray <= KAPPA * _RESOLUTION_NS) | absorbed)
+        return i, j, stray, shorter, ok
+
+
+def _mirrored(way: np.ndarray, step: np.ndarray, sign: int) -> np.ndarray:
+    """The order of each lane's ops (rows of `way`) with each step's sends first and
+    receives last (`sign` 1) or the other way round (-1): a pair's two lanes then meet copy
+    for copy, one's sends against the other's receives, whatever order each ran them in
+    (each direction keeps its own order: the sort is stable)."""
+    return np.argsort(step * 3 + (1 - sign * way), axis=1, kind="stable")
 
 
 def _way(names: np.ndarray) -> np.ndarray:
@@ -196,6 +312,9 @@ def _stray(gap: np.ndarray) -> np.ndarray:
 
 
 def _on(ops: ThreadOps, steps: np.ndarray) -> ThreadOps:
-    """A lane's ops on `steps`, in the lane's order."""
-    sel = np.isin(ops.step, steps)
+    """A lane's ops on `steps`, in the lane's order (the lane itself when it ran no other)."""
+    at = np.minimum(np.searchsorted(steps, ops.step), max(steps.size - 1, 0))
+    sel = steps[at] == ops.step if steps.size else np.zeros(ops.step.size, dtype=bool)
+    if sel.all():
+        return ops
     return ThreadOps(ops.names[sel], ops.end_ns[sel], ops.dur_ns[sel], ops.step[sel])

@@ -1,5 +1,6 @@
 """Synthetic Kineto traces shared by the trace, replay and streams tests: the modern NCCL
-kind (`nccl_trace`), and an older kind made from simulated steps (`older_nccl_traces`)."""
+kind (`nccl_trace`), and an older kind made from simulated steps (`older_nccl_traces`, and
+the streams' ops the replay reads from them, `older_nccl_lanes`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from producers.kineto.groups import ThreadOps
 
 
 def _x(name, ts, dur, cat="cpu_op", tid=1, pid=1, **args):
@@ -110,3 +113,40 @@ def older_nccl_traces(messages: list[dict], seed: int = 0, labelled: bool = Fals
                "traceEvents": ev}
         out[f"{node}_{1000 + rank}.{1700000000 + rank}.pt.trace.json"] = doc
     return out
+
+
+def older_nccl_lanes(messages: list[dict], seed: int = 0
+                     ) -> tuple[dict[tuple[int, str], ThreadOps], dict[int, str]]:
+    """What `trace.stream_ops` reads from `older_nccl_traces(messages, seed)`, by (rank,
+    stream), and each rank's node, without writing and parsing the files: the same draws of
+    the same generator (a node's clock, each op's hop), the same µs, turned into ns as the
+    parser does (float µs × 1000). Large jobs' traces take minutes to write and parse."""
+    rng = np.random.default_rng(seed)
+    skew_us: dict[str, int] = {}
+    by_rank: dict[int, list[dict]] = {}
+    for m in messages:
+        by_rank.setdefault(m["rank"], []).append(m)
+    lanes: dict[tuple[int, str], ThreadOps] = {}
+    nodes: dict[int, str] = {}
+    for rank, msgs in sorted(by_rank.items()):
+        nodes[rank] = node = msgs[0]["node"]
+        skew = skew_us.setdefault(node, int(rng.integers(-5_000, 5_000)))
+        streams: dict[str, str] = {}
+        cols: dict[str, tuple[list[str], list[int], list[int], list[int]]] = {}
+        for m in msgs:
+            t0, ops = m["t_start_ns"], m["ops"]
+            for kind, name, group, st, dur in zip(ops["kind"], ops["name"], ops["group"],
+                                                  ops["start_ns"], ops["dur_ns"], strict=True):
+                start = (t0 + st) // 1000 + skew
+                end = (t0 + st + dur) // 1000 + skew + int(rng.integers(0, 4))
+                if kind == "compute":
+                    continue
+                lane = group if kind != "p2p" else "pair:" + group
+                stream = streams.setdefault(lane, str(13 + 4 * len(streams) + rank % 3))
+                names, ends, durs, steps = cols.setdefault(stream, ([], [], [], []))
+                names.append(name)
+                ends.append(int(round(start * 1000.0)) + (end - start) * 1000)
+                durs.append((end - start) * 1000)
+                steps.append(m["step"])
+        lanes.update({(rank, s): ThreadOps.of(*c) for s, c in cols.items()})
+    return lanes, nodes
