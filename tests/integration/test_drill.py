@@ -38,14 +38,15 @@ pytestmark = [
 SHORT = {"steps_before": 15, "steps_after": 15}
 
 
-# a slowed rank is named within 3 steps (ACCURACY.md): 12 steps are plenty; a held NIC in
-# the step it starts: 8 steps of ×7; a flapping one at its first or second burst (10 of 10
+# a slowed rank is named within 3 steps (ACCURACY.md): 8 steps are enough (and each of them
+# is long: the rank has a tenth of a core); a held NIC in the step it starts or the one
+# before: 5 steps (each ×7); a flapping one at its first or second burst (10 of 10
 # live, latency 12 steps at most), and its bursts come every 6 steps or so
 # the last: one rank per node traced (as production tracers often record), and the killed
 # rank is not one of them: its node is named, from the layout the traced ranks' hook sent
 @pytest.mark.parametrize(("fault", "seed", "after", "traced"), [
-    ("slow-rank", 1, 12, "all"),
-    ("nic", 1, 8, "all"),
+    ("slow-rank", 1, 8, "all"),
+    ("nic", 1, 5, "all"),
     ("flapping-nic", 200, 20, "all"),
     ("freeze", 2, 20, "all"),
     ("kill", 3, 20, "all"),
