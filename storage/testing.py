@@ -46,6 +46,7 @@ from storage.tables import (
     OpRows,
     Table,
 )
+from storage.writer import write_taken
 
 if TYPE_CHECKING:
     from storage.writer import Sink
@@ -274,14 +275,7 @@ class MemoryStore(Reader):
 
     def flush(self) -> dict[str, int]:
         """Store what is buffered; returns rows per table as `Sink.flush` counts them."""
-        rows = self.take()
-        try:
-            written = rows.write()
-        except BaseException:
-            rows.settle(stored=False)
-            raise
-        rows.settle(stored=True)
-        return written
+        return write_taken(self.take())
 
     def _rows(self, table: Table) -> list[Row]:
         """The stored rows of a table, one per natural key: the newest write wins, and for

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from schemas.report import DiagnoserOutput, StepReport
 from schemas.wire import DeadLetterV1, IncidentV1
@@ -169,14 +170,27 @@ class Sink:
         raised: the caller must not commit its offsets, and may flush again later (tables
         already written are rewritten harmlessly: ReplacingMergeTree).
         """
-        rows = self.take()
-        try:
-            written = rows.write()
-        except BaseException:
-            rows.settle(stored=False)
-            raise
-        rows.settle(stored=True)
-        return written
+        return write_taken(self.take())
+
+
+class TakenRows(Protocol):
+    """Rows taken out of a sink (`SinkRows`, or the test store's)."""
+
+    def write(self) -> dict[str, int]: ...
+
+    def settle(self, *, stored: bool) -> None: ...
+
+
+def write_taken(rows: TakenRows) -> dict[str, int]:
+    """Write taken rows on this thread and settle them (what was not written goes back):
+    a sink's own `flush`, for an owner that may wait on ClickHouse."""
+    try:
+        written = rows.write()
+    except BaseException:
+        rows.settle(stored=False)
+        raise
+    rows.settle(stored=True)
+    return written
 
 
 class SinkRows:
