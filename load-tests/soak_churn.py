@@ -12,10 +12,12 @@ under its own job id. The worker first takes a warm-up round of `--jobs` / 10 jo
 they are evicted its memory (VmRSS) is the baseline. Then `--rounds` rounds of `--jobs` jobs
 each, and after each, once every job is evicted: the worker's RSS, the jobs it still holds,
 and the steps decoder's cached ranks. The state must be empty after each round, and the RSS
-after the last round within 5% of the round before (flat, not growing with jobs). The RSS
-cannot go back to the warm-up's: the worker keeps freed memory for its next steps
-(`streams.worker.tune_malloc`), and the embedded ClickHouse engine keeps its parts and
-caches. The RSS is also shown split into anonymous memory and mapped files (`RssAnon`,
+after the last round within 5% of the round before (flat, not growing with jobs). While it
+holds jobs the worker keeps freed memory for their next steps (`streams.worker.tune_malloc`);
+once it holds none it hands that back (`streams.worker.IdleTrim`), so the RSS after a round
+is what the worker itself still holds (glibc's "kept free" figure below still counts the
+trimmed pages, which are no longer resident). The embedded ClickHouse engine keeps its parts
+and caches. The RSS is also shown split into anonymous memory and mapped files (`RssAnon`,
 `RssFile`): code and libraries are the second. What its own allocators hold live can
 (`streams.worker.memory_in_use`, in the worker's /worker/stats): glibc's heap in use, and
 CPython's live blocks, each within 10% of the warm-up's after every round (8 MB of slack for

@@ -266,6 +266,7 @@ def build_app(
     app.topics.add(app.topic(*INPUT_TOPICS, key_serializer="raw", value_serializer="raw"))
 
     last_stats = [time.monotonic()]
+    idle_trim = IdleTrim()
 
     async def tick() -> None:
         try:
@@ -281,6 +282,7 @@ def build_app(
                     turn = clock()
             await finish(result)
             await release_held()
+            idle_trim.observe(len(pipeline.router.jobs()))
             if time.monotonic() - last_stats[0] >= STATS_EVERY_S:
                 last_stats[0] = time.monotonic()
                 log.info("flare worker: %s", pipeline.snapshot())
@@ -379,17 +381,59 @@ def tune_malloc() -> bool:
     several times what they cost in a young process. Served from the heap and kept there
     (no `mmap`, trimming only past 2 GB of free top), the worker took 16,384 GPUs at 1.52×
     real time instead of 1.31×, side by side (BENCHMARKS.md), at the price of keeping its
-    peak: 3.0 GB resident instead of 1.7 GB.
+    peak while it has jobs: 3.0 GB resident instead of 1.7 GB (`IdleTrim` gives it back
+    once none is held).
     """
-    import ctypes
-    import ctypes.util
-
     try:
         mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def trim_malloc() -> bool:
+    """Hand the free memory glibc keeps in its heap back to the kernel (`malloc_trim`;
+    False, nothing done, elsewhere). `tune_malloc` keeps freed steps' memory for the next
+    steps, which is right while jobs stream in and wasted once none is held."""
+    try:
+        malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    malloc_trim(0)
+    return True
+
+
+class IdleTrim:
+    """Trim the heap once each time the worker falls idle: it held jobs, and now holds none.
+
+    A worker that took a thousand short jobs, or one 16,384-GPU job, keeps the peak of their
+    steps' memory as free heap (`tune_malloc`): 140 MB after a churn of short jobs. Held
+    while it has jobs, that memory saves the page faults of the next step; once every job
+    is evicted there is no next step to save them for, and an SRE reading the worker's
+    resident size after the jobs left should see its baseline, not its peak. Once per idle
+    spell: trimming an empty heap every tick would be wasted calls.
+
+    >>> calls = []
+    >>> idle = IdleTrim(lambda: calls.append(1) or True)
+    >>> [idle.observe(n) for n in (0, 3, 2, 0, 0, 1, 0)], len(calls)
+    ([False, False, False, True, False, False, True], 2)
+    """
+
+    def __init__(self, trim: Callable[[], bool] = trim_malloc) -> None:
+        self._trim = trim
+        self._held = False
+
+    def observe(self, jobs_held: int) -> bool:
+        """The jobs held now; True when this call trimmed."""
+        if jobs_held:
+            self._held = True
+            return False
+        if not self._held:
+            return False
+        self._held = False
+        return self._trim()
 
 
 def memory_in_use() -> dict[str, float]:

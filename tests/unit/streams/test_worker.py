@@ -111,3 +111,38 @@ def test_the_memory_a_freed_step_held_shows_as_kept_not_in_use() -> None:
     assert held - before >= 63
     assert after - before <= 1
     assert kept >= 63
+
+
+_TRIMMED = """
+from streams.worker import IdleTrim, memory_in_use, tune_malloc
+def rss_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+tune_malloc()
+idle = IdleTrim()
+block = bytearray(64 << 20)  # a job's step
+for i in range(0, len(block), 4096):
+    block[i] = 1
+busy = idle.observe(1)  # a job held: its memory is kept for the next step
+del block
+kept, rss_kept = memory_in_use()["heap_kept_free_mb"], rss_mb()
+trimmed = idle.observe(0)  # the job evicted: idle
+print(busy, trimmed, round(kept), round(memory_in_use()["heap_kept_free_mb"]),
+      round(rss_kept - rss_mb()))
+"""
+
+
+def test_a_tuned_worker_gives_its_kept_heap_back_once_it_holds_no_job() -> None:
+    """The freed step stays resident while a job is held, and goes back to the kernel when
+    the last job is evicted: the RSS falls by the step's size. In a child process."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _TRIMMED], capture_output=True, text=True,
+                         check=True).stdout.split()
+    busy, trimmed = out[0], out[1]
+    kept, kept_after, rss_fell = (int(v) for v in out[2:])
+    assert (busy, trimmed) == ("False", "True")
+    assert kept >= 63 and kept_after <= 2
+    assert rss_fell >= 60
