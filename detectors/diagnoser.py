@@ -256,6 +256,9 @@ class JobDiagnoser(Stateful):
         return max(floor, self.config.hang_timeout_steps * self._baseline_s())
 
     def _check_hang(self) -> DiagnoserOutput:
+        inc = self._hang_incident()
+        if inc is None and not self.hang.due(self.now_ns):
+            return DiagnoserOutput()  # nothing to look for or to say before the next second
         out = self._open_hang(self.hang.check(self.now_ns, self._hang_timeout()))
         inc = self._hang_incident()
         if inc is not None and not out.incidents and (

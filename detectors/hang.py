@@ -321,9 +321,15 @@ class HangDetector(Stateful):
     def learn_members(self, group: str, ranks: set[int]) -> None:
         self.members.setdefault(group, set()).update(ranks)
 
+    def due(self, now_ns: int) -> bool:
+        """Whether `check` would look at stream time `now_ns`: it looks once per stream
+        second, and a 10,000-rank job of 30 s steps sends thousands of heartbeats a second,
+        so a caller skips its own preparation (the job's timeout) when it is not due."""
+        return now_ns - self._last_check_ns >= NS_PER_S
+
     def check(self, now_ns: int, timeout_s: float | None = None) -> HangFinding | None:
         """Look for a hang at stream time `now_ns` (at most once per stream second)."""
-        if now_ns - self._last_check_ns < NS_PER_S:
+        if not self.due(now_ns):
             return None
         self._last_check_ns = now_ns
         limit = (timeout_s or self.timeout_s) * NS_PER_S
