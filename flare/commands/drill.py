@@ -28,7 +28,8 @@ def register(app: typer.Typer) -> None:
         repeat: int = typer.Option(1, min=1, help="drills to run, with seeds seed, seed+1, ..."),
         batch: int = typer.Option(24, min=1, help="sequences per microbatch: each step's "
                                              "work (steps of 10 s and more: see the README)"),
-        cpus: float = typer.Option(0.1, help="slow-rank: its CPU quota, in CPUs"),
+        cpus: float = typer.Option(0.1, help="slow-rank: its CPU quota, in CPUs (with "
+                                             "--cpu-share: below each rank's share)"),
         mbit: float = typer.Option(20.0, help="nic: the rate its NIC is held to, Mbit/s"),
         traced: str = typer.Option(
             "all", help="ranks that run the hook: all | tp0 (each node's first rank, one per "
@@ -42,6 +43,12 @@ def register(app: typer.Typer) -> None:
             False, "--kineto", help="the traced ranks also run the PyTorch profiler; its "
                                     "traces are replayed (as `flare replay --kineto`), "
                                     "diagnosed and judged too"),
+        cpu_share: bool = typer.Option(
+            False, "--cpu-share", help="hold every rank to a fixed CPU share (a cgroup quota of "
+                                       "0.8 x cores / ranks), so a rank computes as fast "
+                                       "whether or not the others wait, as a GPU does; the "
+                                       "cost check then measures what a GPU job loses. Root "
+                                       "only; drills run slower"),
         workdir: Path = typer.Option(Path("drill-runs"), help="logs and recordings go here"),
         as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
     ) -> None:
@@ -60,7 +67,7 @@ def register(app: typer.Typer) -> None:
                              steps_before=steps_before, steps_after=steps_after, seed=seed,
                              batch=batch,
                              cpus=cpus, mbit=mbit, traced=traced, comm_only=comm_only,
-                             kineto=kineto, workdir=workdir)
+                             kineto=kineto, workdir=workdir, cpu_share=cpu_share)
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None

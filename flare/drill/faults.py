@@ -3,7 +3,8 @@
 These are the kernel's own mechanisms, not sleeps inside the training code:
 - `CpuQuota`: a cgroup v1 `cpu` group whose CFS quota lets the process run only a fraction
   of one CPU. For a training rank this is the CPU analogue of a throttled GPU: everything it
-  computes takes longer, and it never stops.
+  computes takes longer, and it never stops. A drill with fixed CPU shares also holds every
+  rank to a share of its own with one, and nests the fault inside the slowed rank's share.
 - `Freeze`: the cgroup v1 `freezer` (SIGSTOP where the freezer is missing): the process makes
   no progress at all, a hang.
 - `Kill`: SIGKILL.
@@ -21,6 +22,7 @@ removed, the qdisc deleted), so a drill or `flare chaos` can always clean up on 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -33,6 +35,7 @@ from typing import Protocol
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CFS_PERIOD_US = 100_000
+MIN_QUOTA_US = 1_000  # the kernel takes no CFS quota or period below 1 ms
 
 
 class FaultError(RuntimeError):
@@ -62,7 +65,12 @@ def _procs_of(group: Path) -> list[int]:
 
 @dataclass(slots=True)
 class _Cgroup:
-    """A cgroup v1 directory of one controller holding `pid`, removed on `leave`."""
+    """A cgroup v1 directory of one controller holding `pid`, removed on `leave`.
+
+    `name` may nest ("outer/inner", the outer group already there): a drill's slowed rank
+    already has a CPU share of its own, and its fault must sit inside that share, not
+    replace it. Leaving hands the process back to the group it came from, the parent.
+    """
 
     controller: str
     name: str
@@ -90,21 +98,35 @@ class _Cgroup:
     def leave(self) -> None:
         if not self.path.exists():
             return
-        for pid in _procs_of(self.path):  # back to the controller's root group
+        for pid in _procs_of(self.path):  # back to the parent (the controller's root)
             with contextlib.suppress(OSError):
-                (self.root / self.controller / "cgroup.procs").write_text(str(pid))
+                (self.path.parent / "cgroup.procs").write_text(str(pid))
         with contextlib.suppress(OSError):
             self.path.rmdir()
 
 
 @dataclass(slots=True)
 class CpuQuota:
-    """Hold process `pid` (all its threads) to `cpus` of one CPU with a CFS quota."""
+    """Hold process `pid` (all its threads) to `cpus` of one CPU with a CFS quota.
+
+    The same quota is a fault (a rank held below what it needs) or, in a drill with fixed CPU
+    shares, each rank's share. A quota nested in another (`name` "share/fault") must not
+    exceed it: cgroup v1 refuses a child's quota above its parent's.
+
+    A quota is a budget per period: a process that was idle runs at full speed until it has
+    spent its period's budget, then waits for the next. Over the usual 100 ms period a rank
+    that waits on its peers computes a short op at full speed, and only a busy rank at
+    `cpus`. `steady` takes the shortest period the kernel allows for the quota (1 ms of
+    budget), so the process computes at `cpus` whether it was idle or not, as a GPU does:
+    4 ms of work at 0.2 CPU took 5.9 ms after an idle gap and 8.1 ms back to back over
+    100 ms, 19.5 and 19.7 ms over 5 ms (this project's 2 cores, beside a drill).
+    """
 
     pid: int
     cpus: float
     name: str = "flare-cpu-quota"
     root: Path = CGROUP_ROOT
+    steady: bool = False
     _group: _Cgroup = field(init=False)
 
     def __post_init__(self) -> None:
@@ -112,10 +134,28 @@ class CpuQuota:
             raise ValueError("cpus is a share of one CPU between 0.01 and 64")
         self._group = _Cgroup("cpu", self.name, self.root)
 
+    @property
+    def period_us(self) -> int:
+        """The CFS period: the usual one, or with `steady` the shortest that gives 1 ms of
+        quota (5 ms at 0.2 CPU; never below the kernel's 1 ms).
+
+        >>> CpuQuota(1, 0.2).period_us, CpuQuota(1, 0.2, steady=True).period_us
+        (100000, 5000)
+        >>> CpuQuota(1, 0.1, steady=True).period_us, CpuQuota(1, 1.6, steady=True).period_us
+        (10000, 1000)
+        """
+        if not self.steady:
+            return CFS_PERIOD_US
+        return max(MIN_QUOTA_US, math.ceil(MIN_QUOTA_US / self.cpus))
+
+    @property
+    def quota_us(self) -> int:
+        return round(self.cpus * self.period_us)
+
     def apply(self) -> None:
         self._group.enter(self.pid)
-        _write(self._group.path / "cpu.cfs_period_us", str(CFS_PERIOD_US))
-        _write(self._group.path / "cpu.cfs_quota_us", str(int(self.cpus * CFS_PERIOD_US)))
+        _write(self._group.path / "cpu.cfs_period_us", str(self.period_us))
+        _write(self._group.path / "cpu.cfs_quota_us", str(self.quota_us))
 
     def undo(self) -> None:
         if self._group.path.exists():

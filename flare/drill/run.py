@@ -11,9 +11,17 @@ the truth, and counts device incidents on a clean run. Each agent also keeps its
 what it sent (`--record`), which is how the drill follows the job's progress and counts what
 the broker lost.
 
+With `cpu_share`, every rank also runs in a cgroup of its own, held to a fixed share of the
+machine's cores (`rank_share`) by a steady quota (`CpuQuota.steady`: a rate, not a budget
+per 100 ms that a rank which waited spends at full speed). The ranks share a few cores, so
+without it a rank computes faster while the others wait, which a GPU never does; with it
+each rank computes at one rate whatever its peers do, as a GPU job's ranks would, and a
+drill measures what such a job loses (`flare.drill.cost`). The slowed rank's fault then sits
+inside its share, steady too.
+
 Without root there are no namespaces, cgroups or qdiscs: the broker and every rank run on
 loopback, and only the faults that need none (freeze through SIGSTOP, kill, none) can be
-drilled.
+drilled, with no CPU shares.
 """
 
 from __future__ import annotations
@@ -32,8 +40,10 @@ import orjson
 
 from flare.drill.cost import SLOWING, measured_slowdown, step_times
 from flare.drill.faults import (
+    CGROUP_ROOT,
     CpuQuota,
     Fault,
+    FaultError,
     Flapping,
     Freeze,
     Interface,
@@ -60,6 +70,10 @@ HANG_WAIT_S = 20.0
 HANG_WAIT_STEPS = 5.0
 KILL_WAIT_S = 10.0  # after a kill, its peers fail in their collectives within seconds
 STALL_S = 120.0  # a job that finishes no step for this long (or 10 of its steps) is stuck
+# With fixed CPU shares the ranks together get this much of the cores: the rest is for the
+# broker, the agents and the drill itself, which would otherwise take it from the ranks, so a
+# rank's rate would again depend on what else runs.
+RANKS_CORES = 0.8
 
 
 class DrillError(RuntimeError):
@@ -86,6 +100,7 @@ class DrillSpec:
     kineto: bool = False  # traced ranks also write profiler traces, diagnosed and judged too
     workdir: Path = Path("drill-runs")
     tag: str = ""
+    cpu_share: bool = False  # every rank held to `rank_share` CPUs (needs root and cgroups)
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -100,6 +115,15 @@ class DrillSpec:
             raise ValueError("a dark node needs at least 2 nodes (the first one starts the job)")
         if self.steps_before < 10 or self.steps_after < 5:
             raise ValueError("at least 10 steps before the fault and 5 after")
+        share = self.share
+        if share is not None and self.fault == "slow-rank" and self.cpus >= share:
+            raise ValueError(f"with CPU shares the slowed rank's quota (cpus {self.cpus:g}) "
+                             f"must be below each rank's share, {share:.3g} CPUs")
+
+    @property
+    def share(self) -> float | None:
+        """Each rank's CPUs with `cpu_share` (None without): `rank_share` of this machine."""
+        return rank_share(self.ranks, os.cpu_count() or 1) if self.cpu_share else None
 
     @property
     def per_node(self) -> int:
@@ -125,6 +149,42 @@ class DrillSpec:
                                                                 self.ranks // 2 - 1)
             return frozenset([0, *rest])
         return frozenset(range(self.ranks))
+
+
+def rank_share(ranks: int, cores: int) -> float:
+    """The CPUs each rank may use with fixed shares: `RANKS_CORES` of the cores, split evenly.
+
+    >>> rank_share(8, 2)
+    0.2
+    """
+    return RANKS_CORES * cores / ranks
+
+
+def cpu_shares(spec: DrillSpec, pids: list[int], root: Path = CGROUP_ROOT) -> list[CpuQuota]:
+    """Each rank's share (rank r is `pids[r]`), not applied yet; none without `cpu_share`."""
+    if spec.share is None:
+        return []
+    return [CpuQuota(pid, spec.share, name=_share_group(spec, r), root=root, steady=True)
+            for r, pid in enumerate(pids)]
+
+
+def _rank_group(spec: DrillSpec, r: int) -> str:
+    """Rank r's cgroup name, unique to the drill: its tag, or this process (one at a time)."""
+    return f"flare-{spec.tag or os.getpid()}-{r}"
+
+
+def _share_group(spec: DrillSpec, r: int) -> str:
+    return f"{_rank_group(spec, r)}-share"
+
+
+def slow_rank_quota(spec: DrillSpec, r: int, pid: int, root: Path = CGROUP_ROOT) -> CpuQuota:
+    """The slow-rank fault on rank r (process `pid`), not applied yet. With shares it sits
+    inside the rank's share and is steady like it: the rank computes at `cpus` throughout,
+    below its share, and undoing the fault gives the share back."""
+    if spec.cpu_share:
+        return CpuQuota(pid, spec.cpus, name=f"{_share_group(spec, r)}/fault", root=root,
+                        steady=True)
+    return CpuQuota(pid, spec.cpus, name=_rank_group(spec, r), root=root)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +302,9 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
         raise DrillError(
             f"fault {spec.fault!r} needs root (network namespaces, cgroups and tc are "
             f"root-only); without root only {', '.join(ROOTLESS_FAULTS)} can be drilled")
+    if rootless and spec.cpu_share:
+        raise DrillError("fixed CPU shares need root (each rank gets a cgroup of its own); "
+                         "drill without them")
     tag = spec.tag or f"d{os.getpid() % 100000}s{spec.seed}"  # one folder per drill
     out = spec.workdir / tag
     out.mkdir(parents=True, exist_ok=True)
@@ -254,6 +317,7 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
         job = f"drill-{tag}"
         agents = _agents(hosts, out, broker.bootstrap, stack)
         ranks = _ranks(spec, hosts, job, out, stack)
+        _hold_to_shares(spec, ranks, stack, say)
         say(f"training: {spec.ranks} ranks on {len(hosts)} node(s), job {job}")
         step_s = _wait_steps(agents[0], spec.steps_before, ranks, spec)
         say(f"{step_s:.2f} s per step")
@@ -293,6 +357,20 @@ def run_drill(spec: DrillSpec, say: Callable[[str], None] = _say_nothing) -> Dri
                                      evidence_steps(events, found.id))
     return DrillResult(truth, incidents, steps, rootless, recording, sent, received, found,
                        false_device, step_s, kineto, measured)
+
+
+def _hold_to_shares(spec: DrillSpec, ranks: list[subprocess.Popen[bytes]],
+                    stack: contextlib.ExitStack, say: Callable[[str], None]) -> None:
+    """Put each rank in its share as soon as it started (before it trains a step), each
+    share removed when the drill ends."""
+    for quota in cpu_shares(spec, [p.pid for p in ranks]):
+        stack.callback(quota.undo)
+        try:
+            quota.apply()
+        except FaultError as exc:
+            raise DrillError(f"cannot hold the ranks to CPU shares: {exc}") from None
+    if spec.share is not None:
+        say(f"each rank held to {spec.share:.3g} CPUs")
 
 
 def _kineto_verdict(out: Path, job: str, truth: Truth) -> KinetoVerdict:
@@ -500,12 +578,11 @@ def _fault(spec: DrillSpec, rng: random.Random, hosts: list[Host],
                      only_link=f"link:{pair}" if pair else None), fault
     r = rng.randrange(spec.ranks)
     pid = ranks[r].pid  # `ip netns exec` execs the command: the pid is the rank's own
-    name = f"flare-{spec.tag or os.getpid()}-{r}"
     built: Fault
     if spec.fault == "slow-rank":
-        built = CpuQuota(pid, spec.cpus, name=name)
+        built = slow_rank_quota(spec, r, pid)
     elif spec.fault == "freeze":
-        built = Freeze(pid, name=name)
+        built = Freeze(pid, name=_rank_group(spec, r))
     else:
         built = Kill(pid)
     dark = None if r in spec.traced_ranks() else hosts[r // spec.per_node].name
