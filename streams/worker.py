@@ -370,6 +370,11 @@ _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 _M_MMAP_MAX = -4
 
 
+def _libc() -> ctypes.CDLL:
+    """The C library, whose allocator the worker tunes, trims and reads (OSError without)."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
 def tune_malloc() -> bool:
     """Keep freed memory for the next step instead of handing it back to the kernel (glibc;
     False, nothing changed, elsewhere).
@@ -385,7 +390,7 @@ def tune_malloc() -> bool:
     once none is held).
     """
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        mallopt = _libc().mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -397,7 +402,7 @@ def trim_malloc() -> bool:
     False, nothing done, elsewhere). `tune_malloc` keeps freed steps' memory for the next
     steps, which is right while jobs stream in and wasted once none is held."""
     try:
-        malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        malloc_trim = _libc().malloc_trim
     except (OSError, AttributeError):
         return False
     malloc_trim.argtypes = [ctypes.c_size_t]
@@ -446,7 +451,7 @@ def memory_in_use() -> dict[str, float]:
     in neither."""
     out: dict[str, float] = {"python_blocks": float(sys.getallocatedblocks())}
     try:
-        mallinfo2 = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+        mallinfo2 = _libc().mallinfo2
     except (OSError, AttributeError):
         return out
     mallinfo2.restype = _MallInfo2
