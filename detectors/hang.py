@@ -63,6 +63,7 @@ from schemas.wire import HeartbeatV1, InflightOp
 EXIT_GRACE = 0.2  # share of the hang timeout given to see who else vanished with a rank
 STALL_ALLOWANCE = 2.0  # a named stall in flight is work up to this × its longest so far ...
 FIRST_STALL_TIMEOUTS = 10.0  # ... or this many hang timeouts before one has finished
+NO_OP = np.iinfo(np.int64).max  # `oldest_op` of a rank with nothing in flight
 # a collective that failed because its peer went away (gloo, NCCL): the dying rank is a victim
 _BY_PEER = re.compile(r"(reset|closed) by peer|remote process exited|peer .*(closed|exited)",
                       re.IGNORECASE)
@@ -88,6 +89,9 @@ class HangDetector(Stateful):
         self.members: dict[str, set[int]] = {}
         self.done = np.full(0, -1, dtype=np.int64)  # per rank: newest step it finished
         self.moved = np.full(0, -1, dtype=np.int64)  # per rank: stream ns of its last progress
+        # per rank: the start of the oldest op its newest heartbeat shows in flight (NO_OP:
+        # none), so a check can tell at once that nothing anywhere is in flight that long
+        self.oldest_op = np.full(0, NO_OP, dtype=np.int64)
         self.group_size: dict[str, int] = {}  # members per group kind, from the job's layout
         self.untraced_home: str | None = None  # the one node all untraced ranks are on, if any
         self.exits: dict[int, HeartbeatV1] = {}  # last heartbeats of ranks that vanished
@@ -102,6 +106,8 @@ class HangDetector(Stateful):
             pad = np.full(top - self.done.size, -1, np.int64)
             self.done = np.concatenate([self.done, pad])
             self.moved = np.concatenate([self.moved, pad])
+            self.oldest_op = np.concatenate(
+                [self.oldest_op, np.full(top - self.oldest_op.size, NO_OP, np.int64)])
 
     def _moved_ns(self, rank: int) -> int:
         return int(self.moved[rank]) if rank < self.moved.size else -1
@@ -189,6 +195,8 @@ class HangDetector(Stateful):
         prev = self.last.get(hb.rank)
         if prev is None or hb.ts_ns >= prev.ts_ns:
             self.last[hb.rank] = hb
+            self._grow(hb.rank + 1)
+            self.oldest_op[hb.rank] = min((op.start_ns for op in hb.inflight), default=NO_OP)
             state = _state(hb)
             old = _state(prev) if prev is not None else None
             if state != old:
@@ -336,6 +344,11 @@ class HangDetector(Stateful):
         died = self.exit_finding(now_ns, limit / NS_PER_S * EXIT_GRACE)
         if died is not None or self.exits:
             return died  # a dead rank explains every wait on it; until named, wait for it
+        if not self.oldest_op.size or now_ns - int(self.oldest_op.min()) <= limit:
+            # no rank shows an op in flight for a timeout: nothing can be stuck. One look at
+            # an array instead of a pass over every rank's heartbeat, every stream second:
+            # at 8,192 ranks that pass took 30 ms, a second of every 30 s step
+            return None
         stuck: dict[tuple[str, int], set[int]] = {}
         info: dict[tuple[str, int], tuple[str, int, int]] = {}  # name, oldest start, step
         # a rank inside any op (and still beating) is waiting, not the root; a silent rank
