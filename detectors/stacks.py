@@ -44,6 +44,10 @@ NOTE = {
         "native code that holds the interpreter",
 }
 
+# a stopped process's stacks, read from outside it by its node agent
+OUTSIDE = {state: f"process {what}: its stack read from outside it"
+           for state, what in PROC_STATE.items()}
+
 Thread = tuple[str, bool, tuple[str, ...]]  # name, is the training thread, frames
 
 
@@ -99,6 +103,7 @@ class StackBook(Stateful):
     def __init__(self) -> None:
         self.stacks: dict[int, tuple[int, tuple[Thread, ...]]] = {}  # rank -> (ts, threads)
         self.proc_state: dict[int, str] = {}  # rank -> "stopped" | "frozen" | "blocked"
+        self.state_since: dict[int, int] = {}  # rank -> ts of the heartbeat that first said so
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def observe(self, hb: HeartbeatV1) -> bool:
@@ -109,8 +114,10 @@ class StackBook(Stateful):
             changed = True
             if state:
                 self.proc_state[hb.rank] = state
+                self.state_since.setdefault(hb.rank, hb.ts_ns)
             else:
                 del self.proc_state[hb.rank]
+                self.state_since.pop(hb.rank, None)
         if hb.stacks:
             ts = hb.stacks_ts_ns if hb.stacks_ts_ns is not None else hb.ts_ns
             old = self.stacks.get(hb.rank)
@@ -131,6 +138,7 @@ class StackBook(Stateful):
         """The rank is gone (it exited): what it said no longer describes a live process."""
         self.stacks.pop(rank, None)
         self.proc_state.pop(rank, None)
+        self.state_since.pop(rank, None)
 
     def merged(self, since_ns: int, world: int, known: Iterable[int] = ()) -> list[StackGroup]:
         """The merged view of the stacks taken at or after `since_ns` (the hang's last
@@ -140,17 +148,20 @@ class StackBook(Stateful):
         sent a stack or a process state: then there is nothing to merge."""
         everyone = set(range(world)) if world > 0 else set(known) | set(self.stacks)
         everyone |= set(self.proc_state)
-        where: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+        where: dict[tuple[str, tuple[str, ...], str], list[int]] = {}
         answered: set[int] = set()
         for rank, (ts, threads) in self.stacks.items():
-            if ts < since_ns or rank in self.proc_state:
+            state = self.proc_state.get(rank, "")
+            if ts < since_ns or state and ts < self.state_since[rank]:
                 # a process that cannot answer now sent that stack before it stopped: it
                 # may have moved on since (a stack is dumped while a step is overdue, and
-                # the freeze can land a collective later), so its state is what is known
+                # the freeze can land a collective later), so its state is what is known.
+                # One read from outside it once it stopped (its node agent) is where it is.
                 continue
             answered.add(rank)
             for name, training, frames in threads:
-                where.setdefault(("training" if training else name, frames), []).append(rank)
+                key = ("training" if training else name, frames, state)
+                where.setdefault(key, []).append(rank)
         if not answered and not self.proc_state:
             return []  # no hook of this job sends stacks (an older one, a recording)
         silent: dict[str, list[int]] = {}
@@ -164,12 +175,12 @@ class StackBook(Stateful):
                               note=note)
 
         # where each rank's training loop is, and who could not say: rarest first
-        lead = [(len(v), 0, min(v), group(k[0], k[1], v))
+        lead = [(len(v), 0, min(v), group(k[0], k[1], v, OUTSIDE.get(k[2], "")))
                 for k, v in where.items() if k[0] == "training"]
         lead += [(len(v), -1 if state else 1, min(v), group("", (), v, NOTE.get(state, "")))
                  for state, v in silent.items()]
         others = sorted(((k, v) for k, v in where.items() if k[0] != "training"),
                         key=lambda kv: (len(kv[1]), kv[0][0], min(kv[1])))
         out = [g for *_, g in sorted(lead, key=lambda t: t[:3])]
-        out += [group(k[0], k[1], v) for k, v in others]
+        out += [group(k[0], k[1], v, OUTSIDE.get(k[2], "")) for k, v in others]
         return out[:MAX_GROUPS]

@@ -229,9 +229,14 @@ class AgentCore:
     def __init__(self, node: str, now: NanoClock = time.time_ns, *,
                  cadence: Cadence | None = None,
                  switch_of_node: dict[str, str] | None = None,
-                 proc_state: Callable[[int], str | None] = read_proc_state) -> None:
+                 proc_state: Callable[[int], str | None] = read_proc_state,
+                 read_stacks: Callable[[int], list[ThreadStack] | None] | None = None
+                 ) -> None:
         self.node = node
         self.proc_state = proc_state
+        # a stopped rank's stacks, read from outside it (`producers.agent.outside_stacks`):
+        # its hook cannot send them; None: not read
+        self.read_stacks = read_stacks
         self.switch_of_node = switch_of_node or {}
         self.metrics = NodeMetrics(node)
         self.now = now
@@ -338,6 +343,11 @@ class AgentCore:
             # "blocked" is said only when two samples in a row find it so
             state = seen if seen != "blocked" or st.seen_state == "blocked" else st.proc_state
             st.seen_state = seen
+            if state and state != st.proc_state and self.read_stacks is not None:
+                # it just became unable to run: where it stopped, read once from outside
+                taken = self.read_stacks(st.hello.pid)
+                if taken:
+                    st.stacks, st.stacks_ts_ns = taken, now
             if not (due or st.stacks or state != st.proc_state):
                 continue
             msg: dict[str, Any] = {

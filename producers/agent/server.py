@@ -16,6 +16,7 @@ from pathlib import Path
 from producers.agent.cadence import INTERVAL_S, KEEPALIVE_S, LONG_OP_S, Cadence
 from producers.agent.core import AgentCore
 from producers.agent.outbox import Outbox
+from producers.agent.outside_stacks import outside_stacks
 from producers.publisher import Publisher
 from producers.torch_hook.wire import BYE, HEADER, FrameError, decode_header
 
@@ -132,7 +133,9 @@ async def run_agent(publisher: Publisher, socket_path: Path | str, node: str, *,
     ValueError when the cadence is invalid (see `Cadence`).
     """
     cadence = Cadence(interval_s=interval_s, keepalive_s=keepalive_s, long_op_s=long_op_s)
-    daemon = AgentDaemon(AgentCore(node, cadence=cadence, switch_of_node=switch_of_node),
+    core = AgentCore(node, cadence=cadence, switch_of_node=switch_of_node,
+                     read_stacks=outside_stacks())
+    daemon = AgentDaemon(core,
                          Outbox(publisher, max_messages=max_messages), socket_path,
                          metrics_port=metrics_port, version=version)
     await daemon.serve(stop or asyncio.Event())

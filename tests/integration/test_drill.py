@@ -72,8 +72,10 @@ def test_a_real_fault_is_named_with_its_culprit_and_kind(tmp_path: Path, fault: 
         groups = stacks[-1]
         rank = found.culprit.removeprefix("rank:")
         # (the agent runs under `ip netns exec`, which hides the cgroup file system: it sees
-        # the frozen rank in uninterruptible sleep)
-        assert any(g.ranks == rank and not g.frames and "cannot answer" in g.note
+        # the frozen rank in uninterruptible sleep) and reads where it stopped from outside
+        # it, in the training script
+        assert any(g.ranks == rank and "read from outside" in g.note
+                   and any(f.startswith("train.py:") for f in g.frames)
                    for g in groups), groups
         waiting = [g for g in groups if g.thread == "training" and g.frames]
         assert waiting and all(any(" in backward" in f or "distributed_c10d.py" in f

@@ -53,6 +53,22 @@ def test_a_rank_that_cannot_answer_now_is_shown_so_not_by_a_stack_it_sent_before
         ("0", False, True), ("1", True, False)]
 
 
+def test_a_stopped_rank_read_from_outside_after_it_stopped_is_shown_where_it_is() -> None:
+    """Its node agent read its stack once it could not run (py-spy, from outside): that is
+    where it stopped, shown with the state; the stack it sent before stays unused."""
+    book = StackBook()
+    book.observe(beat(0, 100, WAIT))  # sent by its hook while it still ran
+    book.observe(beat(0, 120, LOAD, state="frozen"))  # read from outside once frozen
+    book.observe(beat(1, 110, WAIT))
+    view = book.merged(since_ns=50, world=2)
+    assert [(g.ranks, g.frames[-1:], g.note) for g in view] == [
+        ("0", ["data.py:40 in load_batch"],
+         "process frozen by a cgroup freezer: its stack read from outside it"),
+        ("1", ["distributed_c10d.py:2950 in all_reduce"], "")]
+    book.observe(beat(0, 130))  # it runs again: its state, and what was read then, are done
+    assert book.state_since == {}
+
+
 def test_stacks_from_before_the_hang_began_do_not_describe_it() -> None:
     book = StackBook()
     book.observe(beat(0, 10, LOAD))  # a long checkpoint step, long before

@@ -11,6 +11,7 @@ from producers.torch_hook.wire import BYE, HELLO, INFLIGHT, STEPS, FrameError
 from schemas import topics
 from schemas.decode import decode_heartbeat, decode_job
 from schemas.testing import FakeClock
+from schemas.wire import ThreadStack
 
 
 def hello(rank: int, world: int = 4, job: str = "j1") -> bytes:
@@ -318,3 +319,29 @@ def test_a_moment_in_uninterruptible_sleep_is_no_blocked_process_but_two_samples
         states.append([decode_heartbeat(v).proc_state for _t, _k, v in core.heartbeats()])
     # published: the first sample; then only when two samples in a row found it blocked
     assert states == [[None], [], [], [], [], ["blocked"], []]
+
+
+def test_a_process_that_stops_has_its_stacks_read_from_outside_once():
+    """The agent reads a stopped rank's stacks itself (its hook cannot send them), once,
+    when it first finds the process unable to run, and sends them with that heartbeat."""
+    clock = FakeClock()
+    state: dict[int, str | None] = {1: None}
+    reads: list[int] = []
+
+    def read(pid: int) -> list[ThreadStack]:
+        reads.append(pid)
+        return [ThreadStack("MainThread", ["train.py:9 in main", "data.py:40 in load"], True)]
+
+    core = AgentCore("n1", clock, proc_state=lambda pid: state[pid], read_stacks=read)
+    core.on_frame(1, HELLO, hello(0))
+    sample(core, clock)
+    assert reads == []  # it runs: nothing read
+    state[1] = "stopped"
+    clock.advance(1.0)
+    (hb,) = [decode_heartbeat(v) for _t, _k, v in core.heartbeats()]
+    assert hb.proc_state == "stopped" and hb.stacks is not None
+    assert hb.stacks[0].frames[-1] == "data.py:40 in load" and hb.stacks_ts_ns == clock()
+    for _ in range(3):
+        clock.advance(1.0)
+        core.heartbeats()
+    assert len(reads) == 1
