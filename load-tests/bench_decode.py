@@ -23,17 +23,14 @@ parse leaving the columns as raw text), from decoded lists, and from the columns
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import shlex
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
 import msgspec
 import numpy as np
 import orjson
+from bench_header import header
 
 from producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
 from producers.simulator.emit import steps_value
@@ -114,11 +111,7 @@ def main() -> None:
         ):
             conv[name].append(per_message_us(fn, xs))  # type: ignore[arg-type]
 
-    load = os.getloadavg()
-    print(f"command: python load-tests/bench_decode.py {shlex.join(sys.argv[1:])}".rstrip())
-    print(f"machine: {platform.machine()} {os.cpu_count()} cores, python "
-          f"{platform.python_version()}, numpy {np.__version__}, msgspec {msgspec.__version__},"
-          f" load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(header(numpy=np.__version__, msgspec=msgspec.__version__))
     print(f"messages: {args.gpus}-GPU layout, {len(first)} ranks × {len(steps)} steps, "
           f"{min(n_ops)}–{max(n_ops)} ops per message (median {statistics.median(n_ops):.0f}), "
           f"{kb:.1f} KB; cached results equal to decode_steps: {equal}; "

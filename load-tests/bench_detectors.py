@@ -13,12 +13,11 @@ every step.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 
 import numpy as np
+from bench_header import header
 
 from detectors.assembly import StepAssembler
 from detectors.compute_suspects import compute_ratio
@@ -102,8 +101,7 @@ def main() -> None:
             asm.add(m, m.t_end_ns)
         asm_t.append(time.perf_counter() - t0)
     med = statistics.median(whole)
-    py, npv = platform.python_version(), np.__version__
-    print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {py}, numpy {npv}")
+    print(header(numpy=np.__version__))
     print(f"step: {n_ranks} of {args.gpus} ranks traced ({args.traced}), "
           f"{n_ops / n_ranks:.0f} ops per rank, {n_ops:,} ops")
     if fault:

@@ -18,10 +18,10 @@ out.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import time
 from itertools import groupby
+
+from bench_header import header
 
 from detectors.diagnoser import DiagnoserOutput, JobDiagnoser
 from producers.simulator import ClusterSimulator, Scenario, layout_for_gpus
@@ -59,8 +59,7 @@ def main() -> None:
             frame_s, n_frames = frame_s + took, n_frames + len(batch)
         else:
             hb_s, n_hb = hb_s + took, n_hb + len(batch)
-    print(f"machine: {platform.machine()} {os.cpu_count()} cores, "
-          f"python {platform.python_version()}")
+    print(header())
     print(f"job: {args.gpus} GPUs, {args.step_s:g} s steps, {n_frames} timed steps, "
           f"{n_hb:,} heartbeats ({n_hb / max(n_frames, 1):,.0f} a step), "
           f"{len(ids)} incidents")

@@ -23,9 +23,6 @@ counted in a run of their own (`streams.Weighed`), not timed.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -36,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_header import header
 
 from producers.kineto import streams
 from producers.kineto.groups import ProcessGroup, ThreadOps
@@ -157,11 +155,7 @@ def main() -> None:
         rows.append((gpus, len(lanes), count.pairs, count.judged, old_t, new_t, same, real))
         print(f"  {gpus} GPUs done: new {statistics.median(new_t):.2f} s", file=sys.stderr)
 
-    load = os.getloadavg()
-    print(f"command: python load-tests/bench_streams.py {shlex.join(sys.argv[1:])}".rstrip())
-    print(f"machine: {platform.machine()} {os.cpu_count()} cores, python "
-          f"{platform.python_version()}, numpy {np.__version__}, load average "
-          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(header(numpy=np.__version__))
     print(f"lanes: {args.steps} steps of the simulator's default job (TP8 inside a node, PP "
           f"and DP across), old = streams.py at {args.old_rev}; median CPU s of "
           f"{args.rounds} rounds")
