@@ -64,6 +64,7 @@ _BURST_TIE = 0.9  # another node that lost this share of a burst's seconds too i
 # a burst's entity stands out by this many σ on its own (a congested spine doubles a step
 # with every entity's transfers alike: none stands out, none shares the step's significance)
 _BURST_MIN_Z = 1.0
+_ONE_RANK_SHARE = 2 / 3  # one rank carrying this share of a NIC's slow excess may be its own
 
 
 @dataclass(slots=True)
@@ -260,10 +261,13 @@ def network_suspects(
 
     An instance its step cannot compare is judged by its own past alone; one with both must
     be slow against both (few peers make the step's comparison fragile, and a job-wide
-    slowdown makes every instance slow against its past)."""
+    slowdown makes every instance slow against its past). `out` holds the step's compute
+    and host suspects already: a NIC or link whose slow transfers are one such rank's own is
+    that rank's (`_one_ranks_own`), and is not named."""
     inst = feats.inst
     nan = np.full(inst.transfer_s.size, np.nan)
     own = own if own is not None else OwnPast(nan, nan, nan)
+    suspect_ranks = _rank_suspects(frame, out)
     in_step = np.isfinite(full_ref) & (full_ref > 0)
     has_own = np.isfinite(own.ref) & (own.ref > 0)
     idx = np.flatnonzero(in_step | has_own)
@@ -401,6 +405,12 @@ def network_suspects(
             if best < 0:
                 break  # several nodes explain it equally and no switch holds them all
         ids = ii[ie == best]
+        if ent_kinds[best] == "link" and suspect_ranks.any():
+            own_rank = _one_ranks_own(ids, ent_nodes[best], e_left, ell, c_pos, c_rank,
+                                      c_node, frame.n_ranks)
+            if own_rank >= 0 and suspect_ranks[own_rank]:  # its process, not the network
+                e_left[np.unique(c_pos[c_rank == own_rank])] = 0.0
+                continue
         shown = ii[(ie == best) & seen]  # quoted: the instances that could tell it apart
         if not (e_left[shown] > 0).any():
             shown = ids
@@ -461,6 +471,66 @@ def _add_egress(
         what.append("outgoing pipeline transfers")
     inc_ent.append(base + code.reshape(-1))
     inc_inst.append(at[keep])
+
+
+def _rank_suspects(frame: StepFrame, out: Candidates) -> np.ndarray:
+    """(R,) bool: the ranks already suspects of this step for their compute or their gaps."""
+    named = {int(e[5:]) for e, k, z in zip(out.entity, out.kind, out.z, strict=True)
+             if k in ("gpu", "host") and e.startswith("rank:") and z >= Z_REPORT}
+    return np.isin(frame.rank, np.fromiter(named, dtype=np.int64, count=len(named)))
+
+
+def _one_ranks_own(
+    ids: np.ndarray,
+    nodes: np.ndarray,
+    e: np.ndarray,
+    ell: np.ndarray,
+    c_pos: np.ndarray,
+    c_rank: np.ndarray,
+    c_node: np.ndarray,
+    n_ranks: int,
+) -> int:
+    """The one rank (index) whose own transfers are a NIC's or a link's slow ones, or -1.
+
+    A NIC or a link between nodes slows every transfer through it, whichever rank of the
+    node sends it. When one rank on the entity's nodes carries most of its slow excess
+    (`e`, `_ONE_RANK_SHARE`) and its transfers through the entity are slow at the median
+    (log excess `ell`), while those of the node's other ranks through the same entity run
+    near their usual (median under half the rank's), the bytes were slow in that rank's own
+    process: gloo, or NCCL's proxy thread, moves them on the rank's CPU. A drill's rank held
+    to a tenth of a core sent ×9 slower through a NIC its node partner used at full speed,
+    and the NIC opened instead of the rank. At least two transfers of other ranks through
+    the entity are needed. The caller takes the rank only when it is a suspect of the step
+    itself (its compute or its gaps), which then tells what it is: a flapping NIC's burst
+    may catch one rank's transfers in flight and not its partner's.
+
+    >>> e = np.array([0.8, 0.9, 0.0, 0.0]); ell = np.array([0.8, 0.9, 0.01, -0.02])
+    >>> c_pos, c_rank, c_node = np.arange(4), np.array([0, 0, 1, 1]), np.zeros(4, int)
+    >>> _one_ranks_own(np.arange(4), np.array([0]), e, ell, c_pos, c_rank, c_node, 2)
+    0
+    >>> ell[2:] = 0.6  # its partner's transfers are slow too, under the bar: the NIC
+    >>> _one_ranks_own(np.arange(4), np.array([0]), e, ell, c_pos, c_rank, c_node, 2)
+    -1
+    """
+    on = np.zeros(e.size, dtype=bool)
+    on[ids] = True
+    mine = on[c_pos] & np.isin(c_node, nodes)
+    pair = unique_ints(c_rank[mine] * e.size + c_pos[mine])  # (rank, instance), once each
+    rank, pos = pair // e.size, pair % e.size
+    excess = np.bincount(rank, weights=e[pos], minlength=n_ranks)
+    r = int(np.argmax(excess))
+    total = float(e[ids].sum())
+    if total <= 0 or excess[r] < _ONE_RANK_SHARE * total:
+        return -1
+    own = ell[pos[rank == r]]
+    others = ell[np.setdiff1d(ids, pos[rank == r])]
+    own, others = own[np.isfinite(own)], others[np.isfinite(others)]
+    if own.size == 0 or others.size < 2:
+        return -1
+    own_median = float(np.median(own))
+    if own_median < _NET_MIN_RATIO or float(np.median(others)) >= 0.5 * own_median:
+        return -1
+    return r
 
 
 def _blind_to(

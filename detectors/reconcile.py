@@ -15,6 +15,10 @@ incidents remain for separate places: another node, another switch.
 True
 >>> covering(("link", "node:n1"), [("switch", "switch:s0")], where)  # under the bad switch
 ('switch', 'switch:s0')
+>>> covering(("link", "link:n0~n2"), [("gpu", "rank:3")], where)  # the slow rank's sends
+('gpu', 'rank:3')
+>>> covering(("link", "link:n1~n2"), [("gpu", "rank:3")], where) is None  # not its link
+True
 
 A degraded NIC also slows links it is not on: the traffic it holds up backs into its peers'
 queues (PFC pause frames in a RoCE fabric, TCP back-off on a shared path), and the ranks it
@@ -75,6 +79,7 @@ from dataclasses import dataclass, field
 Key = tuple[str, str]  # (kind, entity), the incident book's key
 
 NETWORK_KINDS = ("link", "switch")
+_PROCESS_KINDS = ("gpu", "host", "node")  # a fault in the ranks' processes, not the network
 
 
 def is_nic(entity: str, kind: str) -> bool:
@@ -118,17 +123,23 @@ def covering(candidate: Key, open_keys: Iterable[Key], where: Placement) -> Key 
     Two entities are the same fault when one contains the other (a rank and its node, a node
     and its switch, a link and its nodes). `job` and group-level hangs cover nothing: a
     job-wide shift is what remains when no device is to blame, and a communication hang names
-    no device.
+    no device. A pipeline link is also covered by an open GPU, host or node incident at
+    either of its ends: gloo, or NCCL's proxy thread, moves a rank's bytes on its CPU, and
+    a drill's rank held to a tenth of a core sent ×50 slower on the link to its pipeline
+    peer while its node partner's sends there were slow too, and the link opened beside it.
     """
     _, entity = candidate
     if entity == "job" or entity.startswith("group:"):
         return None
     mine = where.places(entity)
+    ends = {p for p in mine if p.startswith("node:")} if entity.startswith("link:") else set()
     for key in open_keys:
         other = key[1]
         if other == "job" or other.startswith("group:"):
             continue
         if other in mine or entity in where.places(other):
+            return key
+        if ends and key[0] in _PROCESS_KINDS and ends & where.places(other):
             return key
     return None
 

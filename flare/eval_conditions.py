@@ -19,6 +19,7 @@ from typing import Any
 
 from flare.evaluation import clean_scenarios, fault_scenarios
 from producers.simulator import FAMILIES, Fault, Scenario
+from producers.simulator.faults import RANK_FAMILIES
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class Condition:
         if changes.get("oneway_nic") and (sc.fault is None
                                           or sc.fault.family not in ("nic", "flapping_nic")):
             return False  # no other fault has a NIC to be slow one way
+        if changes.get("cpu_transfers") and (sc.fault is None
+                                             or sc.fault.family not in RANK_FAMILIES):
+            return False  # no other fault slows one rank's process
         return "fault2" not in changes or (sc.fault is not None and sc.layout.n_nodes >= 3)
 
 
@@ -93,6 +97,12 @@ CONDITIONS: tuple[Condition, ...] = (
         "a NIC slow only sending (drills: a rate limit on its egress): its own copies end on "
         "time, its partners' late; NIC and flapping NIC runs only",
         (("oneway_nic", True),),
+    ),  # fmt: skip
+    Condition(
+        "cpu_sends",
+        "a slow or stalled rank's cross-node transfers slow with it, by its severity (its "
+        "process drives them: gloo, NCCL's proxy; drills); rank fault runs only",
+        (("cpu_transfers", True),),
     ),  # fmt: skip
 )
 CONDITION_NAMES = tuple(c.name for c in CONDITIONS)

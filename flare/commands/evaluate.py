@@ -14,7 +14,9 @@ _CONDITIONS_HELP = (
     "two_faults (a second fault, a slow GPU ×1.5 in another group; no clean runs), 1f1b "
     "(1F1B pipeline schedule, dp reduce_scatter overlapped with backward), bursts (a "
     "flapping NIC's bursts over parts of steps, at a period of its own; flapping_nic runs "
-    "only); combine with + (step30+tp0). Each condition runs every fault family (straggler "
+    "only), oneway (a NIC slow only sending; nic and flapping_nic runs only), cpu_sends (a "
+    "slow or stalled rank's cross-node transfers slow with it; rank fault runs only); "
+    "combine with + (step30+tp0). Each condition runs every fault family (straggler "
     "and flapping_nic included) and the clean runs, heartbeats on; prints a row per "
     "condition"
 )

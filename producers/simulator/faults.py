@@ -18,6 +18,8 @@ from producers.simulator.topology import G_PP_NEXT, Topology
 COMPUTE_FAMILIES = ("slow_gpu", "thermal", "slow_node", "straggler")
 LINK_FAMILIES = ("nic", "switch", "pp_link", "flapping_nic")
 HANG_FAMILIES = ("hang_rank", "comm_hang")
+# one rank's process slowed or stalled: what `cpu_transfers` stretches the transfers of
+RANK_FAMILIES = ("slow_gpu", "thermal", "straggler", "rank_stall")
 
 
 @dataclass
@@ -205,15 +207,22 @@ def plan_fault(
     target_rng: np.random.Generator,
     fault_rng: np.random.Generator,
     partial_bursts: bool = False,
+    cpu_transfers: bool = False,
 ) -> FaultPlan:
     """Bind `fault` to this topology (clear ValueError when it cannot happen on it);
-    `partial_bursts`: a flapping NIC's bursts cover parts of steps (`_flapping_windows`)."""
+    `partial_bursts`: a flapping NIC's bursts cover parts of steps (`_flapping_windows`);
+    `cpu_transfers`: a slow or stalled rank's cross-node transfers slow with it (its
+    process drives them), by the fault's severity."""
     fam = fault.family
-    if fam in ("slow_gpu", "thermal", "straggler", "rank_stall"):
+    if fam in RANK_FAMILIES:
         r = _resolve_rank(topo, fault.target, target_rng)
         plan = FaultPlan(fault, fault.kind, topo.rank_entity(r), ranks=np.array([r]))
         if fam == "thermal":
             plan.schedule = _thermal_schedule(fault.onset_step, steps, fault_rng)
+        if cpu_transfers:
+            hit = np.zeros(topo.world, dtype=bool)
+            hit[r] = True
+            plan.link_hit = topo.instances_of_ranks(hit)
         return plan
     if fam in ("slow_node", "host", "nic", "flapping_nic"):
         node = _resolve_node(topo, fault.target, target_rng)
@@ -289,11 +298,14 @@ def plan_second_fault(
     target_rng: np.random.Generator,
     fault_rng: np.random.Generator,
     tries: int = 1000,
+    cpu_transfers: bool = False,
 ) -> FaultPlan:
     """Bind a second, simultaneous fault in a different group than `first` (no node shared,
-    nor a DP group when both hit one rank): without a target, drawn until it is."""
+    nor a DP group when both hit one rank): without a target, drawn until it is
+    (`cpu_transfers` as for `plan_fault`)."""
     for _ in range(tries if fault.target is None else 1):
-        plan = plan_fault(fault, topo, steps, target_rng, fault_rng)
+        plan = plan_fault(fault, topo, steps, target_rng, fault_rng,
+                          cpu_transfers=cpu_transfers)
         if not _collide(first, plan, topo):
             return plan
     raise ValueError(

@@ -253,6 +253,11 @@ class Scenario:
       its node end as if it were healthy (their data came in on time), the other members'
       when the slow data reaches them, and a pipeline transfer is slow only from it. By
       default every copy of an instance through it ends at once, late.
+    - `cpu_transfers`: a rank fault (slow GPU, thermal, straggler, rank stall) slows the
+      rank's cross-node transfers too, by its severity: the rank's own process drives them
+      (gloo on its CPU, NCCL's proxy thread), as drills on real training show (a rank held
+      to a tenth of a core sent ×9 slower through a NIC its node partner used at full
+      speed). By default a rank fault leaves every transfer alone.
     None of these is a fault: they must not become device incidents. `fault2` is a second,
     simultaneous fault in a different group (no node, TP or DP group shared with `fault`;
     drawn from its own seed when it has no target); at most one of the two is a hang.
@@ -278,6 +283,7 @@ class Scenario:
     schedule: Schedule = "gpipe"
     partial_bursts: bool = False
     oneway_nic: bool = False
+    cpu_transfers: bool = False
     # true time 0 of the job on the nodes' clocks; None: a fixed epoch, so a recording is
     # the same file every time. A live run (`flare up`) starts now, so its steps and
     # incidents are where a "last hour" dashboard looks.
@@ -321,7 +327,7 @@ class Scenario:
         if self.traced not in TRACED:
             raise ValueError(f"Scenario.traced must be one of {', '.join(TRACED)}, "
                              f"got {self.traced!r}")  # fmt: skip
-        for name in ("comm_only", "partial_bursts", "oneway_nic"):
+        for name in ("comm_only", "partial_bursts", "oneway_nic", "cpu_transfers"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Scenario.{name} must be True or False, "
                                  f"got {getattr(self, name)!r}")
@@ -340,7 +346,7 @@ class Scenario:
         for name, default in (("traced", "all"), ("comm_only", False), ("seq_imbalance", 0.0),
                               ("stage_imbalance", 1.0), ("fault2", None),
                               ("schedule", "gpipe"), ("partial_bursts", False),
-                              ("oneway_nic", False)):  # fmt: skip
+                              ("oneway_nic", False), ("cpu_transfers", False)):  # fmt: skip
             if getattr(self, name) != default:
                 out[name] = getattr(self, name)
         if self.fault2 is not None:

@@ -100,16 +100,18 @@ class ClusterSimulator:
             self.plan = plan_fault(
                 scenario.fault, topo, scenario.steps,
                 np.random.default_rng(target_seed), np.random.default_rng(fault_seed),
-                partial_bursts=scenario.partial_bursts,
+                partial_bursts=scenario.partial_bursts, cpu_transfers=scenario.cpu_transfers,
             )  # fmt: skip
             self.plans.append(self.plan)
         if scenario.fault2 is not None and self.plan is not None:
             self.plans.append(plan_second_fault(
                 scenario.fault2, self.plan, topo, scenario.steps,
                 np.random.default_rng(target2_seed), np.random.default_rng(fault2_seed),
+                cpu_transfers=scenario.cpu_transfers,
             ))  # fmt: skip
         self._xfer = self._transfers.total(self.engine.scale)
-        # per link fault, its transfer multiplier of every instance (kind → per stage)
+        # per link fault (and rank fault under `cpu_transfers`), its transfer multiplier of
+        # every instance (kind → per stage)
         self._stretch: list[dict[int, list[np.ndarray]] | None] = [
             None if p.link_hit is None else {
                 k: [np.where(hit, p.fault.severity, 1.0) for hit in hits]
@@ -179,7 +181,7 @@ class ClusterSimulator:
                     sender = np.zeros(W, dtype=bool)
                     sender[plan.ranks] = True
                     oneway = (sender, self._xfer)
-            elif fam == "rank_stall":
+            if fam == "rank_stall":
                 # one lump per step (a GC pause, a late batch) before a random op of the rank
                 lost = (plan.fault.severity - 1.0) * self.scenario.step_time_s * 1e9
                 r = int(plan.ranks[0])

@@ -9,6 +9,8 @@ per stage, and every group kind is a reshape of that block ((dp, tp) for tp and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from producers.simulator.scenario import Layout
@@ -117,16 +119,28 @@ class Topology:
         Returns, per group kind (G_TP, G_DP, G_EP, G_PP_NEXT), one boolean array per stage
         (per pair of stages for p2p) shaped like that kind's instances.
         """
+        return self._cross_node_instances(lambda s: node_hit[self.stage_nodes(s)])
+
+    def instances_of_ranks(self, rank_hit: np.ndarray) -> dict[int, list[np.ndarray]]:
+        """Cross-node instances with a member where `rank_hit` (world,) is true: the
+        transfers those ranks' processes drive over the network (as `instances_touching`)."""
+        S, lay = self.stage_size, self.layout
+        return self._cross_node_instances(
+            lambda s: rank_hit[s * S : (s + 1) * S].reshape(lay.dp, lay.tp))
+
+    def _cross_node_instances(self, hit_of: Callable[[int], np.ndarray]
+                              ) -> dict[int, list[np.ndarray]]:
+        """Per group kind, per stage: the cross-node instances with a member where
+        `hit_of(s)` ((dp, tp) bool of stage s's ranks) is true."""
         pp = self.layout.pp
         out: dict[int, list[np.ndarray]] = {G_TP: [], G_DP: [], G_EP: [], G_PP_NEXT: []}
         for s in range(pp):
-            h = node_hit[self.stage_nodes(s)]
+            h = hit_of(s)
             out[G_TP].append(h.any(axis=1) & self.cross_tp[s])
             out[G_DP].append(h.any(axis=0) & self.cross_dp[s])
             out[G_EP].append(self._ep_view(h).any(axis=1) & self.cross_ep[s])
             if s < pp - 1:
-                h2 = node_hit[self.stage_nodes(s + 1)]
-                out[G_PP_NEXT].append((h | h2).ravel() & self.cross_pp[s])
+                out[G_PP_NEXT].append((h | hit_of(s + 1)).ravel() & self.cross_pp[s])
         return out
 
     def p2p_node_pairs(self) -> list[tuple[int, int, int, int]]:

@@ -274,3 +274,46 @@ def test_a_nodes_sends_to_one_node_are_no_nic_of_its_own():
     sends alone do not name its NIC."""
     out = _pipelines("a0", 1.5)
     assert not any(d.startswith("outgoing") for d in out.detail), (out.entity, out.detail)
+
+
+def _two_ranks_per_node(slow_ranks: set[int]):
+    """Four nodes of two ranks each (rank r on node r // 2); a two-member all-reduce between
+    every two ranks of the same local index on different nodes, 10 ms, 40 ms when a member
+    is in `slow_ranks`."""
+    ops: dict[int, list] = {r: [] for r in range(8)}
+    pairs = [(a, b) for a in range(8) for b in range(a + 1, 8)
+             if a // 2 != b // 2 and a % 2 == b % 2]
+    for i, (a, b) in enumerate(pairs):
+        dur = 40.0 if {a, b} & slow_ranks else 10.0
+        for r in (a, b):
+            ops[r].append(("coll", "all_reduce", f"dp.{a}{b}", 1, 50.0 * i, dur, 1 << 20))
+    return frame_of([rank_step(r, f"n{r // 2}", 0, ops[r]) for r in range(8)])
+
+
+def _named_beside(frame, suspects: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The network suspects of `frame` when `suspects` (entity, kind) are already the step's
+    compute or host suspects, at z 8."""
+    feats = step_features(frame)
+    out = Candidates()
+    for entity, kind in suspects:
+        out.add(entity, kind, 8.0, 0.1)
+    network_suspects(frame, feats, Topology(), transfer_reference(feats.inst), out)
+    return [(e, k) for e, k in zip(out.entity, out.kind, strict=True) if k == "link"]
+
+
+def test_one_slow_ranks_own_transfers_through_its_nic_are_that_ranks():
+    # rank 0's all-reduces take 40 ms, its node partner rank 1's through the same NIC 10:
+    # with rank 0 slow in its own compute, its process moved those bytes slowly (gloo, a
+    # starved NCCL proxy), not n0's NIC
+    assert _named_beside(_two_ranks_per_node({0}), [("rank:0", "gpu")]) == []
+    assert _named_beside(_two_ranks_per_node({0}), [("rank:0", "host")]) == []
+
+
+def test_one_ranks_slow_transfers_still_name_its_nic_when_nothing_else_of_it_is_slow():
+    # the rank itself shows nothing (another rank is the step's suspect): the NIC stands
+    assert _named_beside(_two_ranks_per_node({0}), [("rank:4", "gpu")]) == [("node:n0", "link")]
+
+
+def test_a_nic_that_slows_both_ranks_of_its_node_is_named_beside_a_slow_rank():
+    assert _named_beside(_two_ranks_per_node({0, 1}), [("rank:0", "gpu")]) == [
+        ("node:n0", "link")]

@@ -111,6 +111,15 @@ def test_the_oneway_condition_remakes_the_nic_runs_only():
     assert {sc.fault.family for _, sc in pairs if sc.fault} == {"nic", "flapping_nic"}
 
 
+def test_the_cpu_sends_condition_remakes_the_rank_fault_runs_only():
+    from flare.eval_conditions import condition_scenarios, parse_conditions
+
+    pairs = condition_scenarios(parse_conditions("cpu_sends"), [16], 1, 500)
+    assert pairs and all(sc.cpu_transfers and sc.fault is not None for _, sc in pairs)
+    assert {sc.fault.family for _, sc in pairs if sc.fault} == {
+        "slow_gpu", "thermal", "straggler", "rank_stall"}
+
+
 def _truth(culprit: str, traced: bool | None) -> GroundTruth:
     return GroundTruth(job="j", family="slow_gpu", kind="gpu", culprit=culprit, onset_step=20,
                        onset_ts_ns=None, severity=1.5, layout={}, gpus=64, steps=40, seed=1,

@@ -296,6 +296,40 @@ def test_a_nic_slow_one_way_ends_its_partners_copies_late_and_its_own_on_time():
     assert into_one < 0.5 * out_one
 
 
+def test_a_slow_ranks_cross_node_transfers_slow_with_it_under_cpu_transfers():
+    """`cpu_transfers`: rank 1 computes ×4 and its process drives its transfers, so those of
+    its all-reduces and pipeline transfers that cross nodes take ×4 too, while its node
+    partner's through the same NIC keep their time. Without the option only its compute
+    slows, as before."""
+    lay = Layout(tp=2, pp=2, dp=4, gpus_per_node=4, nodes_per_switch=2)
+    fault = Fault("slow_gpu", 4.0, 1, "rank:1")
+
+    def transfers(cpu: bool) -> dict[int, float]:
+        """Each rank of node-0000's longest cross-node transfer (the shortest copy of its
+        instance) in a quiet step under the fault."""
+        sim = ClusterSimulator(scenario(layout=lay, steps=3, noise=Noise.quiet(), fault=fault,
+                                        cpu_transfers=cpu))
+        f = frames(sim)[2]
+        ri = f.op_rank_index()
+        comm = f.op_kind != COMPUTE
+        key = f.op_group.astype(np.int64) * (1 << 32) + f.op_seq
+        out: dict[int, float] = {}
+        for k in np.unique(key[comm]):
+            ops = np.flatnonzero(comm & (key == k))
+            if np.unique(f.node[ri[ops]]).size < 2:
+                continue  # within a node: no network to drive
+            took = float(f.op_dur_ns[ops].min())
+            for i in ops[f.node[ri[ops]] == f.nodes.index("node-0000")]:
+                r = int(f.rank[ri[i]])
+                out[r] = max(out.get(r, 0.0), took)
+        return out
+
+    slowed, plain = transfers(True), transfers(False)
+    assert set(slowed) >= {0, 1}  # rank 1 and its node partner both cross nodes
+    assert slowed[1] > 3.0 * plain[1]
+    assert slowed[0] == pytest.approx(plain[0], rel=0.05)
+
+
 def test_hang_heartbeats_outlast_a_timeout_of_three_long_steps():
     sc = scenario(layout=layout_for_gpus(64), steps=6, seed=3, step_time_s=30.0,
                   fault=Fault("hang_rank", 1.0, 3, "rank:56"), heartbeats=False)  # fmt: skip
