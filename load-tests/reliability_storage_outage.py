@@ -33,7 +33,9 @@ client). Everything stays on loopback.
    worker's counters (`/worker/stats`: records read, offsets stored and acked, how long the
    write out has waited) and the consumer group's committed offsets and the topics' end
    offsets (from the broker). Must hold: the worker never exited (the same PID, alive at
-   every poll); `/livez` answered every poll (within 2 s); `/readyz` turned 503 naming
+   every poll); `/livez` answered every poll (within 2 s); the worker's API answered
+   each of the reads asked of it one after another meanwhile (`/v1/incidents`, 200 or
+   503, each timed: a read must not wait behind the write out); `/readyz` turned 503 naming
    ClickHouse or storage, and 200 again after the front returned; back-pressure: a flush
    failed or a write stayed out (its rows kept, its batch not acked), from then to the
    restart the worker's stored-and-acked offsets did not move, and at no sample did the
@@ -59,6 +61,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +89,7 @@ PARTITIONS = 4
 POLL_S = 0.25  # /readyz and /livez through the outage
 PROBE_TIMEOUT_S = 2.0  # a probe not answered within this counts as not answered
 SAMPLE_S = 1.0  # the worker's counters and the group's offsets
+READ_WAIT_S = 120.0  # how long a /v1 read through the outage is given to answer
 TPS = [(t, p) for t in INPUT_TOPICS for p in range(PARTITIONS)]
 # Every written column of each table, for reading it whole (storage.reader's rules).
 WHOLE_ROWS = {t.name: select_list(read_columns(t)) for t in TABLES}
@@ -272,6 +276,7 @@ class Outage:
     queue_accepted: int | None = None  # connects the frozen front's kernel still accepted
     livez: list[tuple[float, str, float]] = field(default_factory=list)  # t, code, seconds
     readyz: list[tuple[float, str, float]] = field(default_factory=list)
+    reads: list[tuple[float, str, float]] = field(default_factory=list)  # /v1, t, code, s
     livez_before: list[tuple[float, str, float]] = field(default_factory=list)  # streaming
     readyz_before: list[tuple[float, str, float]] = field(default_factory=list)
     worker_alive_throughout: bool = True
@@ -446,7 +451,10 @@ def outage_run(rec: Path, work: Path, speed: float, replay_s: float, down_s: flo
             else:
                 t_down = front.stop(sig)  # its process is gone: nothing answers on the port
             seen.at_stop = sample(w, offsets, time.monotonic() - t_down)
+            reader = threading.Thread(target=_reads, args=(w, seen, t_down, down_s, READ_WAIT_S))
+            reader.start()
             _away(w, offsets, seen, t_down, down_s)
+            reader.join(READ_WAIT_S + 5)
             seen.at_restart = sample(w, offsets, time.monotonic() - t_down)
             if sig == signal.SIGSTOP:
                 front.thaw()
@@ -492,6 +500,20 @@ def _away(w: WorkerProcess, offsets: GroupOffsets, seen: Outage, t_down: float,
         if now >= next_sample:
             seen.samples.append(sample(w, offsets, now - t_down))
             next_sample += SAMPLE_S
+        time.sleep(POLL_S)
+
+
+def _reads(w: WorkerProcess, seen: Outage, t_down: float, down_s: float,
+           timeout_s: float) -> None:
+    """Ask the worker's API for its incidents (`/v1/incidents`, a read of the store the
+    writes go to) one after the other, each timed, until `down_s` after the stop: each
+    must answer, 200 or 503, within its own timeouts, not wait behind a write out."""
+    while (now := time.monotonic()) < t_down + down_s:
+        try:
+            code = str(w.get("/v1/incidents", timeout_s, limit=1).status_code)
+        except httpx.HTTPError as exc:
+            code = type(exc).__name__
+        seen.reads.append((round(now - t_down, 1), code, time.monotonic() - now))
         time.sleep(POLL_S)
 
 
@@ -636,6 +658,14 @@ def report(argv: list[str] | None, args: argparse.Namespace, replay_s: float, wa
         print(f"| {name} {when}: polls answered (200 or 503) / polled; median, slowest "
               f"answer | {answered} / {len(polls)}; {statistics.median(took) * 1e3:.0f} ms, "
               f"{took[-1] * 1e3:.0f} ms |")
+    reads = sorted(x for _t, _c, x in seen.reads)
+    read_codes = sorted({c for _t, c, _s in seen.reads})
+    reads_ok = bool(reads) and all(c in ("200", "503") for _t, c, _s in seen.reads)
+    if reads:
+        print(f"| /v1/incidents while away, one after another: answered (200 or 503) / "
+              f"asked; codes; median, slowest answer | "
+              f"{sum(c in ('200', '503') for _t, c, _s in seen.reads)} / {len(reads)}; "
+              f"{', '.join(read_codes)}; {statistics.median(reads):.1f} s, {reads[-1]:.1f} s |")
     for name, held in bp.items():
         print(f"| back-pressure: {name} | {held} |")
     print(f"| storage_ok false at the counters' samples while away | "
@@ -672,7 +702,7 @@ def report(argv: list[str] | None, args: argparse.Namespace, replay_s: float, wa
     if out.incidents != ref.incidents:
         print(f"reference incidents: {ref.incidents}\noutage run incidents: {out.incidents}")
 
-    ok &= seen.worker_same_pid and seen.worker_alive_throughout and live_ok
+    ok &= seen.worker_same_pid and seen.worker_alive_throughout and live_ok and reads_ok
     ok &= seen.first_503_after_s is not None and names
     ok &= seen.ready_again_after_s is not None
     ok &= all(bp.values())

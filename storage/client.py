@@ -2,13 +2,17 @@
 
 `FLARE_CLICKHOUSE_URL` names either the embedded engine (`chdb:///path`) or a server
 (`http(s)://user@host:port/db`); everything above this module (schema, sink, queries) sees
-the same small `ClickHouse` object and never clickhouse-connect itself. Every call holds a
-lock because chDB is one in-process engine and FastAPI runs sync endpoints in worker threads.
+the same small `ClickHouse` object and never clickhouse-connect itself. Every call to the
+embedded engine holds a lock because chDB is one in-process engine and FastAPI runs sync
+endpoints in worker threads. A server's client keeps no session (a session runs one statement
+at a time), so its calls run side by side on pooled connections: a read answers while a write
+waits on a server that does not answer, and fails by its own timeout if the server is gone.
 Driver exceptions become `StorageError`, so callers catch one type (the API answers 503).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -135,7 +139,7 @@ class ClickHouse:
         self._lock = threading.RLock()
         self.database = database
         self.location = location
-        self._server = server  # reached over HTTP: pinged without the lock (see `ping`)
+        self._server = server  # reached over HTTP, with no session: no lock (module doc)
 
     def __repr__(self) -> str:
         return f"ClickHouse({self.location!r}, database={self.database!r})"
@@ -145,9 +149,10 @@ class ClickHouse:
         return f"{self.database}.{name}"
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """`fn` on the client, under the lock for the embedded engine (module doc)."""
         from clickhouse_connect.driver.exceptions import ClickHouseError
 
-        with self._lock:
+        with contextlib.nullcontext() if self._server else self._lock:
             try:
                 return fn()
             except (ClickHouseError, OSError) as exc:
@@ -238,6 +243,7 @@ def connect(url: str, password: str | SecretStr | None = None, *,
                 secure=parsed.scheme == "https",
                 connect_timeout=connect_timeout_s,
                 send_receive_timeout=read_timeout_s,
+                autogenerate_session_id=False,  # statements side by side (module doc)
             )
     except Exception as exc:  # any driver or socket failure while connecting
         raise StorageError(f"cannot connect to ClickHouse at {parsed.redacted()}: {exc}") from exc

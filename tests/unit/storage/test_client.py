@@ -1,5 +1,5 @@
 """storage.client: URLs parsed and redacted, the connect retry policy on a fake clock, and
-a server's ping beside a statement that waits."""
+a server's ping and reads beside a statement that waits."""
 
 from __future__ import annotations
 
@@ -88,6 +88,51 @@ def test_a_server_is_pinged_beside_a_statement_that_waits_for_it() -> None:
     finally:
         answer.set()
         write.join(30)
+
+
+def _beside_a_waiting_write(server: bool) -> tuple[list[int], bool]:
+    """A read started while a write waits on ClickHouse: what it returned within 2 s, and
+    whether the write was still waiting then."""
+    client = create_autospec(HttpClient, spec_set=True, instance=True)
+    answer = threading.Event()
+    client.insert_arrow.side_effect = lambda *_args: answer.wait(30)
+    client.query.return_value.column_names = ("n",)
+    client.query.return_value.result_rows = [(7,)]
+    db = ClickHouse(client, "flare", "http://ch:8123/flare" if server else "chdb://memory",
+                    server=server)
+    write = threading.Thread(target=db.insert_arrow, args=("flare.t", None))
+    write.start()
+    try:
+        read: list[int] = []
+        reader = threading.Thread(target=lambda: read.extend(r["n"] for r in db.rows("x")))
+        reader.start()
+        reader.join(2)
+        return list(read), write.is_alive()
+    finally:
+        answer.set()
+        write.join(30)
+        reader.join(30)
+
+
+def test_a_servers_reads_answer_beside_a_write_that_waits_for_it() -> None:
+    """The worker's `/v1` reads share its client with the writes: while a write waits on a
+    server that does not answer (up to the read timeout), they must not queue behind it."""
+    assert _beside_a_waiting_write(server=True) == ([7], True)
+
+
+def test_the_embedded_engine_runs_one_statement_at_a_time() -> None:
+    assert _beside_a_waiting_write(server=False) == ([], True)
+
+
+def test_a_servers_client_keeps_no_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ClickHouse runs one statement at a time per session: reads side by side with a write
+    need a client without one."""
+    import clickhouse_connect
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(clickhouse_connect, "get_client", lambda **kw: seen.update(kw))
+    connect("http://default@ch:8123/flare")
+    assert seen["autogenerate_session_id"] is False and seen["host"] == "ch"
 
 
 def test_timeouts_are_whole_seconds_of_at_least_one() -> None:
