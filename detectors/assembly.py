@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ from schemas.rankstep import COORD_DIMS, RankStep
 @dataclass(slots=True)
 class _Pending:
     first_seen_ns: int
-    msgs: dict[int, RankStep] = field(default_factory=dict)
+    msgs: dict[int, Any] = field(default_factory=dict)  # rank → RankStep, or shard → frame
     span_ns: int = 0  # longest step window among the ranks received
 
 
@@ -77,11 +78,14 @@ class Interner:
         return np.fromiter(map(idx.__getitem__, items), dtype=np.int32, count=len(items))
 
 
-class StepAssembler(Stateful):
-    """Pending steps of one job; emits StepFrames in step order.
+class PendingSteps(Stateful):
+    """Pending steps of one job, each gathered from pieces; emits StepFrames in step order.
 
-    `max_pending` bounds memory when a rank stops for good: the oldest step leaves once that
-    many are waiting, even before its grace period is over."""
+    The waiting (a step leaves whole, or when its grace is over) is the same whether the
+    pieces are ranks' messages (`StepAssembler`) or shards' frames (`shard_merge`); only
+    how pieces make a frame differs (`_frame`). `max_pending` bounds memory when a rank
+    stops for good: the oldest step leaves once that many are waiting, even before its grace
+    period is over."""
 
     def __init__(
         self, job: str, grace_s: float = 5.0, max_pending: int = 8, grace_steps: float = 0.5
@@ -99,20 +103,29 @@ class StepAssembler(Stateful):
         self.names = Interner()
         self.groups = Interner("")
         self.nodes = Interner()
-        self._cache: dict[int, tuple[Sequence[str], np.ndarray, Sequence[str], np.ndarray]] = {}
 
-    def add(self, msg: RankStep, now_ns: int) -> list[StepFrame]:
-        """Take one message; return the frames this completed (usually zero or one)."""
-        if msg.step <= self.emitted_upto:
+    def _take(self, step: int, key: int, piece: Any, span_ns: int, now_ns: int
+              ) -> list[StepFrame]:
+        """File `piece` (a rank's message, or a shard's frame) under `key` in its step."""
+        if step <= self.emitted_upto:
             self.late_dropped += 1
             return []
-        self.known.add(msg.rank)
-        p = self.pending.get(msg.step)
+        self.known.add(key)
+        p = self.pending.get(step)
         if p is None:
-            p = self.pending[msg.step] = _Pending(now_ns)
-        p.msgs[msg.rank] = msg
-        p.span_ns = max(p.span_ns, msg.t_end_ns - msg.t_start_ns)
+            p = self.pending[step] = _Pending(now_ns)
+        p.msgs[key] = piece
+        p.span_ns = max(p.span_ns, span_ns)
         return self.advance(now_ns)
+
+    def _expected(self) -> int:
+        """How many pieces make a step whole: the job's ranks (by its start, else seen)."""
+        return self.world_size or len(self.known)
+
+    def held_since_ns(self) -> int | None:
+        """Stream time the oldest pending step began to wait (None: nothing pending): what
+        this assembler has not yet passed on starts no earlier."""
+        return min((p.first_seen_ns for p in self.pending.values()), default=None)
 
     def set_step_time(self, seconds: float) -> None:
         """The job's recent step time, which the grace period scales with."""
@@ -127,8 +140,7 @@ class StepAssembler(Stateful):
         while self.pending:
             s = min(self.pending)
             p = self.pending[s]
-            expected = self.world_size or len(self.known)
-            complete = len(p.msgs) >= expected and (
+            complete = len(p.msgs) >= self._expected() and (
                 self.world_size is not None or self.emitted_upto >= 0 or len(self.pending) > 1
             )
             expired = now_ns - p.first_seen_ns > self._grace(p)
@@ -147,6 +159,23 @@ class StepAssembler(Stateful):
         self.pending.clear()
         return out
 
+    def _frame(self, step: int, msgs: dict[int, Any]) -> StepFrame:
+        raise NotImplementedError
+
+
+class StepAssembler(PendingSteps):
+    """Pending steps of one job as its ranks' messages; emits StepFrames in step order."""
+
+    def __init__(
+        self, job: str, grace_s: float = 5.0, max_pending: int = 8, grace_steps: float = 0.5
+    ) -> None:
+        super().__init__(job, grace_s=grace_s, max_pending=max_pending, grace_steps=grace_steps)
+        self._cache: dict[int, tuple[Sequence[str], np.ndarray, Sequence[str], np.ndarray]] = {}
+
+    def add(self, msg: RankStep, now_ns: int) -> list[StepFrame]:
+        """Take one message; return the frames this completed (usually zero or one)."""
+        return self._take(msg.step, msg.rank, msg, msg.t_end_ns - msg.t_start_ns, now_ns)
+
     def _codes(self, m: RankStep) -> tuple[np.ndarray, np.ndarray]:
         c = self._cache.get(m.rank)
         if c is not None and (c[0] is m.name or c[0] == m.name) and (
@@ -158,7 +187,7 @@ class StepAssembler(Stateful):
         self._cache[m.rank] = (m.name, nc, m.group, gc)
         return nc, gc
 
-    def _frame(self, step: int, msgs: dict[int, RankStep]) -> StepFrame:
+    def _frame(self, step: int, msgs: dict[int, Any]) -> StepFrame:
         ranks = sorted(msgs)
         ms = [msgs[r] for r in ranks]
         R = len(ms)

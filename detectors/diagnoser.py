@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.assembly import StepAssembler
+from detectors.assembly import PendingSteps, StepAssembler
 from detectors.base import Stateful
 from detectors.budget import StepBudget
 from detectors.burst_evidence import Carried, burst_tail, charged_excess
@@ -65,6 +65,7 @@ from detectors.reconcile import (
     spread_of,
 )
 from detectors.rows import group_rows, rank_rows
+from detectors.shard_merge import CodedNames, ShardMerger
 from detectors.signature_history import SignatureHistory
 from detectors.stacks import StackBook, where_phrase
 from detectors.stalls import stall_seconds
@@ -75,6 +76,7 @@ from detectors.whatif import JobCost, UsualStep, job_cost, step_span_s
 from schemas import InvalidMessage
 from schemas.clock import NS_PER_S
 from schemas.frame import StepFrame
+from schemas.partial_frame import PartialFrame
 from schemas.rankstep import COLL, RankStep
 from schemas.report import Detection, DiagnoserOutput, StepReport
 from schemas.wire import HeartbeatV1, IncidentV1, JobV1, Suspect
@@ -123,7 +125,10 @@ class JobDiagnoser(Stateful):
     def __init__(self, job: str, config: DetectorConfig | None = None) -> None:
         self.job = job
         self.config = s = config or DetectorConfig()
-        self.assembler = StepAssembler(job, grace_s=s.grace_s, grace_steps=s.grace_steps)
+        # A job's steps are gathered from its ranks' messages, or (a job split across
+        # workers, issue #17) from its shards' frames: `on_partial` swaps in a ShardMerger.
+        self.assembler: PendingSteps = StepAssembler(
+            job, grace_s=s.grace_s, grace_steps=s.grace_steps)
         self.baseline = StepTimeBaseline(window=s.window, delta=s.delta)
         self.tracker = EvidenceTracker()
         self.book = IncidentBook(job, resolve_after=s.resolve_after)
@@ -160,6 +165,10 @@ class JobDiagnoser(Stateful):
     # ---- inputs ---------------------------------------------------------------------------
     def on_steps(self, msg: RankStep) -> DiagnoserOutput:
         """One rank-step message; returns the reports of any steps it completed."""
+        asm = self.assembler
+        if not isinstance(asm, StepAssembler):
+            raise InvalidMessage("$", f"job {self.job!r} is merged from its shards' frames; "
+                                      "a rank's own step message cannot join them")
         self._check_rank(msg.rank)
         self.now_ns = max(self.now_ns, msg.t_end_ns)
         self.steps_ns = max(self.steps_ns, msg.t_end_ns)
@@ -169,9 +178,56 @@ class JobDiagnoser(Stateful):
             out.incidents.append(self._resolve(hang, msg.step))
             self.hang.settle(self.now_ns)
         self.hang.ops_done(msg.rank, msg.step, msg.group, msg.seq)
-        for frame in self.assembler.add(msg, self.steps_ns):
+        for frame in asm.add(msg, self.steps_ns):
             out.extend(self.on_frame(frame))
         return out
+
+    def on_partial(self, part: PartialFrame) -> DiagnoserOutput:
+        """One shard's assembled step (stage 2 of a job split across workers): for each of
+        its ranks what `on_steps` does with a rank's message, then the merge of the shards."""
+        merger = self._merger()
+        f = part.frame
+        if f.n_ranks == 0:  # a watermark alone: time passes, as on a tick
+            return self._frames(merger.add_partial(part, self.steps_ns)).extend(
+                self.tick(part.t_end_ns))
+        self._check_rank(int(f.rank[-1]))
+        end = int(f.t_end_ns.max())
+        self.now_ns = max(self.now_ns, end)
+        self.steps_ns = max(self.steps_ns, end)
+        out = DiagnoserOutput()
+        ranks = f.rank.tolist()
+        hang = self._hang_incident()
+        if hang is not None and f.step >= hang.onset_step and hang.culprit.startswith("rank:"):
+            if int(hang.culprit.removeprefix("rank:")) in set(ranks):
+                out.incidents.append(self._resolve(hang, f.step))
+                self.hang.settle(self.now_ns)
+        off = f.off.tolist()
+        for i, rank in enumerate(ranks):
+            rows = slice(off[i], off[i + 1])
+            self.hang.ops_done(rank, f.step, CodedNames(f.op_group[rows], f.groups),
+                               f.op_seq[rows])
+        return out.extend(self._frames(merger.add_partial(part, self.steps_ns)))
+
+    def _frames(self, frames: list[StepFrame]) -> DiagnoserOutput:
+        out = DiagnoserOutput()
+        for frame in frames:
+            out.extend(self.on_frame(frame))
+        return out
+
+    def _merger(self) -> ShardMerger:
+        """The job's ShardMerger, swapped in for the step assembler at the first shard's
+        frame; InvalidMessage once ranks' own messages were assembled."""
+        asm = self.assembler
+        if isinstance(asm, ShardMerger):
+            return asm
+        if asm.pending or asm.emitted_upto >= 0:
+            raise InvalidMessage("$", f"job {self.job!r} is assembled from its ranks' "
+                                      "messages; a shard's frame cannot join them")
+        merger = ShardMerger(self.job, grace_s=self.config.grace_s,
+                             grace_steps=self.config.grace_steps)
+        merger.world_size, merger.step_ns = asm.world_size, asm.step_ns
+        self.assembler = merger
+        return merger
 
     def _check_rank(self, rank: int) -> None:
         """InvalidMessage, before any state changes, for a rank outside the world the job's

@@ -18,6 +18,7 @@ from flare.commands import (
     incidents,
     replay,
     schemas,
+    shard_worker,
     simulate,
     sql,
     trace,
@@ -47,8 +48,8 @@ def _options(
     """Flare: find the GPU, node, host or link that slows a distributed training job."""
 
 
-for _module in (up, simulate, replay, diagnose, evaluate, drill, chaos, worker, api, agent,
-                incidents, sql, trace, schemas):
+for _module in (up, simulate, replay, diagnose, evaluate, drill, chaos, worker, shard_worker, api,
+                agent, incidents, sql, trace, schemas):
     _module.register(app)
 
 

@@ -124,6 +124,16 @@ class Settings(BaseSettings):
         "(default http://<api_host>:<api_port>)"
     )
     alert_resend_s: float = Field(60.0, gt=0, description="re-send open alerts this often")
+    shard_ranks: int = Field(
+        0, ge=0, description="split each job's ranks into shards of this many (issue #17): "
+        "producers key step messages by <job>/<shard> on flare.shardsteps.v1, `flare "
+        "shard-worker`s assemble the shards, the job's worker merges them; 0: not split"
+    )
+    shard_partitions: int = Field(
+        8, ge=1, description="partitions of flare.shardsteps.v1: how many shard workers can "
+        "share the jobs' shards"
+    )
+    shard_group_id: str = "flare-shards"
     rebuild_messages: int = Field(
         20_000, description="messages per input topic-partition re-read to rebuild detector "
         "state when a partition is assigned (0: start from scratch)"

@@ -23,11 +23,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+import msgspec
 import orjson
 
+from schemas import topics
 from schemas.kafka import KafkaConnection
+from schemas.shard_key import shard_key
 
 Message = tuple[str, bytes, bytes]
 """(topic, key, value) of one encoded message, as the node agent queues it."""
@@ -66,6 +69,52 @@ class TeePublisher:
 
     def flush(self, timeout_s: float = 30.0) -> Any:
         return [p.flush(timeout_s) for p in self.publishers]
+
+
+class _RankOf(msgspec.Struct):
+    rank: int
+
+
+_rank_of = msgspec.json.Decoder(_RankOf).decode
+
+
+class ShardingPublisher:
+    """Publishes ranks' step messages for a job split across workers (issue #17): each goes
+    to `flare.shardsteps.v1` keyed `<job>/<shard>` (`schemas.shard_key`) instead of
+    `flare.steps.v1` keyed by job; heartbeats and job events pass unchanged, since stage 2
+    (the job's worker) reads them. A value handed over as bytes is read for its rank."""
+
+    def __init__(self, inner: Publisher, shard_ranks: int) -> None:
+        if shard_ranks < 1:
+            raise ValueError(f"shard_ranks must be >= 1, got {shard_ranks}")
+        self.inner = inner
+        self.shard_ranks = shard_ranks
+
+    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None:
+        if topic != topics.STEPS:
+            self.inner.publish(topic, key, value)
+            return
+        job = key.decode("utf-8") if isinstance(key, bytes) else key
+        rank = _rank_of(value).rank if isinstance(value, bytes) else int(value["rank"])
+        self.inner.publish(topics.SHARD_STEPS,
+                           shard_key(job, rank=rank, shard_ranks=self.shard_ranks), value)
+
+    def flush(self, timeout_s: float = 30.0) -> Any:
+        return self.inner.flush(timeout_s)
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Serve delivery reports, when the inner publisher has them."""
+        poll = getattr(self.inner, "poll", None)
+        if poll is not None:
+            poll(timeout_s)
+
+
+P = TypeVar("P", bound=Publisher)
+
+
+def sharded(publisher: P, shard_ranks: int) -> P | ShardingPublisher:
+    """`publisher` for jobs split into shards of `shard_ranks` (0: not split, as it is)."""
+    return ShardingPublisher(publisher, shard_ranks) if shard_ranks else publisher
 
 
 class KafkaProducerLike(Protocol):

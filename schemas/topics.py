@@ -1,4 +1,5 @@
-"""The Kafka topics of the wire contract (DESIGN §3): the one home of their names.
+"""The Kafka topics of the wire contract (DESIGN §3, and issue #17's two stages): the one
+home of their names.
 
 Every producer, the worker, the tests and the benchmarks name topics through these constants;
 topic creation and layout checks live with the Kafka utilities (`streams/kafka/topics.py`).
@@ -11,8 +12,16 @@ HEARTBEATS = "flare.heartbeats.v1"
 JOBS = "flare.jobs.v1"
 INCIDENTS = "flare.incidents.v1"
 DEADLETTER = "flare.deadletter.v1"
+# A job split across workers (issue #17): its ranks' step messages (the `flare.steps.v1`
+# value) keyed by `<job>/<shard>` for stage 1, and each shard's assembled step
+# (`schemas.partial_frame`, binary) keyed by job for stage 2, the job's worker.
+SHARD_STEPS = "flare.shardsteps.v1"
+PARTIALS = "flare.partials.v1"
 
-INPUT_TOPICS: tuple[str, ...] = (STEPS, HEARTBEATS, JOBS)
-ORDERED_TOPICS: tuple[str, ...] = (STEPS, JOBS)  # merged in event time (streams/ordering.py)
+INPUT_TOPICS: tuple[str, ...] = (STEPS, HEARTBEATS, JOBS, PARTIALS)
+# merged in event time (streams/ordering.py)
+ORDERED_TOPICS: tuple[str, ...] = (STEPS, JOBS, PARTIALS)
 OUTPUT_TOPICS: tuple[str, ...] = (INCIDENTS, DEADLETTER)
-ALL_TOPICS: tuple[str, ...] = INPUT_TOPICS + OUTPUT_TOPICS
+ALL_TOPICS: tuple[str, ...] = INPUT_TOPICS + OUTPUT_TOPICS  # keyed by job, co-partitioned
+STAGE1_TOPICS: tuple[str, ...] = (SHARD_STEPS,)  # keyed by job and shard: a count of its own
+CONSUMED_TOPICS: tuple[str, ...] = INPUT_TOPICS + STAGE1_TOPICS  # a dead letter's sources

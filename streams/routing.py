@@ -26,10 +26,11 @@ from typing import NamedTuple, Protocol
 from schemas import InvalidMessage
 from schemas.clock import NS_PER_S, NanoClock
 from schemas.decode import decode_heartbeat, decode_job
+from schemas.partial_frame import PartialFrame, decode_partial
 from schemas.rankstep import RankStep
 from schemas.report import DiagnoserOutput
 from schemas.steps_decoder import StepsDecoder
-from schemas.topics import HEARTBEATS, JOBS, STEPS
+from schemas.topics import HEARTBEATS, JOBS, PARTIALS, STEPS
 from schemas.wire import DeadLetterV1, HeartbeatV1, JobV1
 from streams.deadletter import (
     INTERNAL,
@@ -41,13 +42,15 @@ from streams.deadletter import (
 
 log = logging.getLogger(__name__)
 
-InputMessage = RankStep | HeartbeatV1 | JobV1
+InputMessage = RankStep | HeartbeatV1 | JobV1 | PartialFrame
 
 
 class Diagnoser(Protocol):
     """What the router needs of `detectors.diagnoser.JobDiagnoser`."""
 
     def on_steps(self, msg: RankStep) -> DiagnoserOutput: ...
+
+    def on_partial(self, part: PartialFrame) -> DiagnoserOutput: ...
 
     def on_heartbeat(self, hb: HeartbeatV1) -> DiagnoserOutput: ...
 
@@ -72,6 +75,10 @@ def decode_input(topic: str, value: bytes, steps: StepsDecoder) -> InputMessage:
         return decode_heartbeat(value, steps.max_bytes)
     if topic == JOBS:
         return decode_job(value, steps.max_bytes)
+    if topic == PARTIALS:
+        if len(value) > steps.max_bytes:
+            raise InvalidMessage("$", f"{len(value)} bytes, over the limit of {steps.max_bytes}")
+        return decode_partial(value)
     raise InvalidMessage("$topic", f"{topic!r} is not an input topic of this worker")
 
 
@@ -82,6 +89,8 @@ def feed(diagnoser: Diagnoser, msg: InputMessage) -> DiagnoserOutput:
         return diagnoser.on_steps(msg)
     if isinstance(msg, HeartbeatV1):
         return diagnoser.on_heartbeat(msg)
+    if isinstance(msg, PartialFrame):
+        return diagnoser.on_partial(msg)
     return diagnoser.on_job(msg)
 
 
@@ -120,9 +129,10 @@ class Decoded(NamedTuple):
 
     @property
     def time_ns(self) -> int:
-        """Event time: when a rank-step ended, when a heartbeat or job event was sent."""
+        """Event time: when a rank-step (or a shard's step) ended, when a heartbeat or job
+        event was sent."""
         m = self.msg
-        return m.t_end_ns if isinstance(m, RankStep) else m.ts_ns
+        return m.t_end_ns if isinstance(m, RankStep | PartialFrame) else m.ts_ns
 
 
 class JobRouter:

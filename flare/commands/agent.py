@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
         from producers.agent.cadence import Cadence
         from producers.agent.server import run_agent
         from producers.agent.topology import TopologyError, load_topology
-        from producers.publisher import KafkaPublisher, Publisher, TeePublisher
+        from producers.publisher import KafkaPublisher, Publisher, TeePublisher, sharded
         from producers.recording import RecordingPublisher
         from producers.torch_hook.wire import default_socket_path
 
@@ -95,8 +95,11 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             publisher = RecordingPublisher(sys.stdout.buffer)
         else:
-            publisher = KafkaPublisher(settings.kafka_connection(),
-                                       max_message_bytes=settings.max_message_bytes)
+            # a split job's steps go to Kafka keyed by shard; the recording keeps them as
+            # flare.steps.v1, which `flare diagnose` and `flare replay` read
+            publisher = sharded(KafkaPublisher(settings.kafka_connection(),
+                                               max_message_bytes=settings.max_message_bytes),
+                                settings.shard_ranks)
             if record is not None:
                 try:
                     copy = open(record, "ab")  # noqa: SIM115 - open for the agent's life

@@ -42,8 +42,9 @@ def register(app: typer.Typer) -> None:
         from flare.settings import Settings
         from producers.kineto.replay import KinetoError, kineto_to_events
         from producers.live import publish_events
-        from producers.publisher import KafkaPublisher, PublishError
+        from producers.publisher import KafkaPublisher, PublishError, sharded
         from producers.recording import RecordingError, recording_events, write_events
+        from schemas.topics import STAGE1_TOPICS
         from streams.kafka.topics import TopicError, ensure_topics
 
         if (recording is None) == (not kineto):
@@ -71,8 +72,10 @@ def register(app: typer.Typer) -> None:
             wait_for_broker(conn, timeout_s=15.0)
             if create_topics:
                 ensure_topics(conn, settings.partitions)
+                if settings.shard_ranks:
+                    ensure_topics(conn, settings.shard_partitions, topics=STAGE1_TOPICS)
             publisher = KafkaPublisher(conn)
-            summary = publish_events(events, publisher, speed)
+            summary = publish_events(events, sharded(publisher, settings.shard_ranks), speed)
             stats = publisher.flush()
         except RecordingError as exc:
             sent = publisher.flush().delivered if publisher is not None else 0

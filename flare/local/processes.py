@@ -240,3 +240,28 @@ def start_worker(
     child = spawn(name, flare_argv("worker", "--quiet"), workdir / f"{name}.log", child_env,
                   cwd=cwd)
     return WorkerProcess(child, f"http://127.0.0.1:{api_port}", chdb_dir)
+
+
+def start_shard_worker(
+    conn: KafkaConnection,
+    workdir: Path,
+    *,
+    name: str,
+    group: str,
+    shard_ranks: int,
+    partitions: int,
+    shard_partitions: int,
+    extra_env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Child:
+    """Start a `flare shard-worker` (stage 1 of split jobs, log: `workdir/<name>.log`) in
+    consumer group `group`; it logs its counts when stopped."""
+    child_env = {
+        **with_kafka(os.environ, conn),
+        "FLARE_SHARD_GROUP_ID": group,
+        "FLARE_SHARD_RANKS": str(shard_ranks),
+        "FLARE_PARTITIONS": str(partitions),
+        "FLARE_SHARD_PARTITIONS": str(shard_partitions),
+        **(extra_env or {}),
+    }
+    return spawn(name, flare_argv("shard-worker"), workdir / f"{name}.log", child_env, cwd=cwd)

@@ -320,7 +320,7 @@ def test_a_worker_joining_mid_stream_changes_nothing_in_the_results(
     group = unique("g-mid")
     a = start_worker(group, "a")
     player = subprocess.Popen(flare_argv("replay", str(merged), "--bootstrap", broker.bootstrap,
-                                         "--speed", "1.5"), cwd=ROOT,
+                                         "--speed", "1"), cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: a.stats()["records"] > 500, 30, "worker a to be mid-stream")

@@ -23,6 +23,7 @@ PRINTS_NO_DATA = {
     "replay": "publishes to Kafka (or writes --out); one line says how many messages",
     "chaos": "applies and undoes a fault; two lines say what it did",
     "worker": "a daemon",
+    "shard-worker": "a daemon; logs its counts when it stops",
     "api": "a daemon",
     "agent": "a daemon; --dry-run prints the messages, JSON Lines already",
     "schemas": "writes the JSON Schema files; prints their paths",

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.routes.dead_letters import InputTopic
-from schemas.topics import INPUT_TOPICS
+from schemas.topics import CONSUMED_TOPICS
 from storage.testing import MemoryStore, make_dead_letter
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -26,7 +26,7 @@ def test_dead_letters_say_why_and_keep_the_bytes(store: MemoryStore, client: Tes
     assert client.get("/v1/dead-letters", params={"topic": "flare.jobs.v1"}).json() == []
     bad = problem(client.get("/v1/dead-letters", params={"topic": "nope"}), 422)
     assert "flare.steps.v1" in bad["detail"]
-    assert get_args(InputTopic) == INPUT_TOPICS  # one list of input topics
+    assert get_args(InputTopic) == CONSUMED_TOPICS  # one list of the topics read
 
 
 def test_liveness_and_readiness_answer_head_too(client: TestClient) -> None:
