@@ -1,0 +1,166 @@
+"""Benchmark: one job through 1, 2 and 4 stage-1 workers on this machine (issue #17).
+
+Usage: python load-tests/bench_split_job.py [--gpus 1024] [--steps 12] [--shard-ranks 64]
+       [--workers 1,2,4] [--cpu-each 0.2] [--kill-one]
+
+Per worker count K, on a fresh throwaway tansu broker: the job's start and `--steps` steps
+(~830 ops per rank, no heartbeats) are published first, split into shards (the producers'
+FLARE_SHARD_RANKS), so producing competes with nothing. Then one `flare worker` (the job's
+worker, stage 2) and K `flare shard-worker`s start. Each stage-1 worker is held to
+`--cpu-each` of a core by a cgroup v1 CPU quota (needs root). The machine has 2 cores, so
+this is "at reduced speed": stage 1's CPU grows with K (K × cpu-each cores), and the
+throughput it buys is what scales.
+
+The drain is timed from the job's first diagnosed step to its last, from the job's
+worker's own counters (`/worker/stats` reports), sampled every 0.2 s. Then every step is read
+back through its API (`POST /v1/sql` on job_steps): each must be stored once, with all
+ranks and none missing. `--kill-one` kills (SIGKILL) one stage-1 worker of the largest K
+once a third of the steps are diagnosed; its partitions move to the others, which re-read
+what it had not committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from bench_header import header
+from pipeline_workload import build_workload
+
+from flare.local.broker import free_port, start_tansu
+from flare.local.processes import Child, start_shard_worker, start_worker
+from producers.publisher import KafkaPublisher, ShardingPublisher
+from schemas.topics import ALL_TOPICS, STAGE1_TOPICS
+from streams.kafka.topics import ensure_topics
+
+PARTITIONS = 4  # the job-keyed topics
+SHARD_PARTITIONS = 8  # flare.shardsteps.v1: up to 8 stage-1 workers share the shards
+CGROUP = Path("/sys/fs/cgroup/cpu")
+PERIOD_US = 100_000
+
+
+def _limit(pid: int, cores: float, name: str) -> Path:
+    group = CGROUP / name
+    group.mkdir()
+    (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+    (group / "cpu.cfs_quota_us").write_text(str(int(cores * PERIOD_US)))
+    (group / "cgroup.procs").write_text(str(pid))
+    return group
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a live process used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _sql(url: str, statement: str) -> list[list[object]]:
+    r = httpx.post(f"{url}/v1/sql", json={"query": statement}, timeout=30)
+    r.raise_for_status()
+    rows: list[list[object]] = r.json()["rows"]
+    return rows
+
+
+def run(k: int, args: argparse.Namespace, work: Path, kill_one: bool) -> dict[str, float]:
+    wl = build_workload(args.gpus, 3, 10.0, 16, 12, False, 0)
+    run_dir = work / f"k{k}"
+    run_dir.mkdir()
+    groups: list[Path] = []
+    shards: list[Child] = []
+    with start_tansu(free_port(), log_path=run_dir / "tansu.log") as broker:
+        conn = broker.connection
+        ensure_topics(conn, PARTITIONS, topics=ALL_TOPICS)
+        ensure_topics(conn, SHARD_PARTITIONS, topics=STAGE1_TOPICS)
+        with KafkaPublisher(conn, max_message_bytes=16 * 2**20) as kafka:
+            pub = ShardingPublisher(kafka, args.shard_ranks)
+            for topic, key, value, _ts in wl.events(args.steps):
+                pub.publish(topic, key, value)
+                kafka.poll(0)
+            kafka.flush()
+        worker = start_worker(conn, run_dir, name="job", group="g-job", partitions=PARTITIONS,
+                              api_port=free_port())
+        try:
+            worker.wait_ready(120)
+            for n in range(k):
+                child = start_shard_worker(conn, run_dir, name=f"shard-{n}", group="g-shards",
+                                           shard_ranks=args.shard_ranks, partitions=PARTITIONS,
+                                           shard_partitions=SHARD_PARTITIONS)
+                shards.append(child)
+                groups.append(_limit(child.pid, args.cpu_each, f"flare-bench-{uuid.uuid4().hex}"))
+            cpu0, t_cpu0 = _cpu_s(worker.process.pid), time.monotonic()
+            first = last = None
+            killed = False
+            deadline = time.monotonic() + 1800
+            while time.monotonic() < deadline:
+                done = worker.stats()["reports"]
+                now = time.monotonic()
+                if done >= 1 and first is None:
+                    first = (now, done)
+                if kill_one and not killed and done >= args.steps // 3:
+                    shards[0].process.send_signal(signal.SIGKILL)
+                    killed = True
+                if done >= args.steps:
+                    last = (now, done)
+                    break
+                time.sleep(0.2)
+            if first is None or last is None:
+                raise SystemExit(f"K={k}: the job's worker diagnosed {done} of {args.steps} "
+                                 f"steps in time; logs in {run_dir}")
+            job_cores = (_cpu_s(worker.process.pid) - cpu0) / (time.monotonic() - t_cpu0)
+            rows = _sql(worker.api, f"SELECT step, n_ranks, n_missing FROM job_steps FINAL "
+                                    f"WHERE job = '{wl.job}' ORDER BY step")
+        finally:
+            for c in shards:
+                if c.alive():
+                    c.process.terminate()
+            for c in shards:
+                c.stop()
+            worker.stop()
+            for g in groups:
+                g.rmdir()
+    steps_s = (last[0] - first[0]) / max(1, last[1] - first[1])
+    complete = sum(1 for _step, n, miss in rows if n == args.gpus and miss == 0)
+    return {"s_per_step": steps_s, "rank_steps_per_s": args.gpus / steps_s,
+            "job_worker_cores": job_cores,
+            "stored": len(rows), "complete": complete, "killed": float(killed)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpus", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--shard-ranks", type=int, default=64)
+    ap.add_argument("--workers", default="1,2,4")
+    ap.add_argument("--cpu-each", type=float, default=0.2)
+    ap.add_argument("--kill-one", action="store_true")
+    args = ap.parse_args()
+    print(header())
+    ks = [int(x) for x in args.workers.split(",")]
+    print(f"load: {args.gpus} GPUs, {args.steps} steps of ~830 ops per rank, shards of "
+          f"{args.shard_ranks} ranks; each stage-1 worker held to {args.cpu_each} of a core")
+    work = Path(tempfile.mkdtemp(prefix="flare-split-"))
+    try:
+        out = {k: run(k, args, work, args.kill_one and k == max(ks)) for k in ks}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base = out[ks[0]]["rank_steps_per_s"]
+    print("\n| stage-1 workers (cores) | s per step | rank-steps/s | × first | job's worker, "
+          "cores used | steps stored / complete |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for k in ks:
+        r = out[k]
+        note = " (one killed)" if r["killed"] else ""
+        print(f"| {k} ({k * args.cpu_each:.1f}){note} | {r['s_per_step']:.2f} | "
+              f"{r['rank_steps_per_s']:.0f} | {r['rank_steps_per_s'] / base:.2f} | "
+              f"{r['job_worker_cores']:.2f} | {r['stored']:.0f} / {r['complete']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
