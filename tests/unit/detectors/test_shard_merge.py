@@ -20,7 +20,6 @@ from detectors.shard_merge import ShardMerger
 from detectors.testing import rank_step
 from producers.simulator import ClusterSimulator, Fault, Noise, Scenario, layout_for_gpus
 from schemas import InvalidMessage
-from schemas.decode import decode_heartbeat, decode_job, decode_steps
 from schemas.frame import StepFrame
 from schemas.partial_frame import (
     GONE,
@@ -31,16 +30,15 @@ from schemas.partial_frame import (
 )
 from schemas.rankstep import RankStep
 from schemas.report import DiagnoserOutput
-from streams.routing import feed
+from schemas.steps_decoder import StepsDecoder
+from streams.routing import decode_input, feed
 
 
 def _messages(sc: Scenario) -> list:
-    decoders = {"steps": decode_steps, "heartbeats": decode_heartbeat, "jobs": decode_job}
-    out = []
-    for topic, _, value, _ in ClusterSimulator(sc).events():
-        kind = next(k for k in decoders if f".{k}." in topic)
-        out.append(decoders[kind](orjson.dumps(value)))
-    return out
+    """The scenario's stream, decoded as the worker decodes it."""
+    decoder = StepsDecoder()
+    return [decode_input(topic, orjson.dumps(value), decoder)
+            for topic, _, value, _ in ClusterSimulator(sc).events()]
 
 
 def _recording(d: JobDiagnoser) -> list[StepFrame]:
