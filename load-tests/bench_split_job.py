@@ -114,8 +114,9 @@ def run(k: int, args: argparse.Namespace, work: Path, kill_one: bool) -> dict[st
                 raise SystemExit(f"K={k}: the job's worker diagnosed {done} of {args.steps} "
                                  f"steps in time; logs in {run_dir}")
             job_cores = (_cpu_s(worker.process.pid) - cpu0) / (time.monotonic() - t_cpu0)
-            rows = _sql(worker.api, f"SELECT step, n_ranks, n_missing FROM job_steps FINAL "
-                                    f"WHERE job = '{wl.job}' ORDER BY step")
+            # the run's worker has a store of its own, with this one job in it
+            rows = _sql(worker.api, "SELECT step, n_ranks, n_missing FROM job_steps FINAL "
+                                    "ORDER BY step")
         finally:
             for c in shards:
                 if c.alive():
