@@ -1,7 +1,7 @@
 """Benchmark: one job through 1, 2 and 4 stage-1 workers on this machine (issue #17).
 
 Usage: python load-tests/bench_split_job.py [--gpus 1024] [--steps 12] [--shard-ranks 64]
-       [--workers 1,2,4] [--cpu-each 0.2] [--kill-one]
+       [--workers 1,2,4] [--cpu-each 0.2] [--kill-one] [--fault slow_gpu:1.5]
 
 Per worker count K, on a fresh throwaway tansu broker: the job's start and `--steps` steps
 (~830 ops per rank, no heartbeats) are published first, split into shards (the producers'
@@ -16,7 +16,9 @@ worker's own counters (`/worker/stats` reports), sampled every 0.2 s. Then every
 back through its API (`POST /v1/sql` on job_steps): each must be stored once, with all
 ranks and none missing. `--kill-one` kills (SIGKILL) one stage-1 worker of the largest K
 once a third of the steps are diagnosed; its partitions move to the others, which re-read
-what it had not committed.
+what it had not committed. With `--fault`, the fault is in every step, and each run's
+incidents (through the job's worker's API) are compared with those one `JobDiagnoser` gives
+the same stream unsplit, field by field.
 """
 
 from __future__ import annotations
@@ -31,14 +33,19 @@ import uuid
 from pathlib import Path
 
 import httpx
+import msgspec
 from bench_header import header
-from pipeline_workload import build_workload
+from pipeline_workload import Workload, build_workload
 
+from detectors.diagnoser import JobDiagnoser
 from flare.local.broker import free_port, start_tansu
 from flare.local.processes import Child, start_shard_worker, start_worker
 from producers.publisher import KafkaPublisher, ShardingPublisher
+from producers.simulator import Fault
+from schemas.steps_decoder import StepsDecoder
 from schemas.topics import ALL_TOPICS, STAGE1_TOPICS
 from streams.kafka.topics import ensure_topics
+from streams.routing import decode_input, feed
 
 PARTITIONS = 4  # the job-keyed topics
 SHARD_PARTITIONS = 8  # flare.shardsteps.v1: up to 8 stage-1 workers share the shards
@@ -68,8 +75,35 @@ def _sql(url: str, statement: str) -> list[list[object]]:
     return rows
 
 
-def run(k: int, args: argparse.Namespace, work: Path, kill_one: bool) -> dict[str, float]:
-    wl = build_workload(args.gpus, 3, 10.0, 16, 12, False, 0)
+COMPARED = ("id", "kind", "culprit", "status", "onset_step", "opened_step", "last_step",
+            "evidence_steps")
+
+
+def _fault(spec: str) -> Fault | None:
+    if not spec:
+        return None
+    family, _, severity = spec.partition(":")
+    return Fault(family, float(severity or 1.5), onset_step=0)
+
+
+def one_process(wl: Workload, steps: int) -> set[tuple[object, ...]]:
+    """The incidents one diagnoser gives the same stream, unsplit: what every run must give."""
+    diag, decoder = JobDiagnoser(wl.job), StepsDecoder()
+    final: dict[str, dict[str, object]] = {}
+    for topic, _key, value, _ts in wl.events(steps):
+        for inc in feed(diag, decode_input(topic, value, decoder)).incidents:
+            final[inc.id] = msgspec.to_builtins(inc)
+    return {tuple(i[f] for f in COMPARED) for i in final.values()}
+
+
+def _incidents(url: str, job: str) -> set[tuple[object, ...]]:
+    r = httpx.get(f"{url}/v1/incidents", params={"job": job, "limit": 100}, timeout=30)
+    r.raise_for_status()
+    return {tuple(i[f] for f in COMPARED) for i in r.json()["items"]}
+
+
+def run(k: int, args: argparse.Namespace, wl: Workload, work: Path,
+        kill_one: bool) -> dict[str, object]:
     run_dir = work / f"k{k}"
     run_dir.mkdir()
     groups: list[Path] = []
@@ -117,6 +151,7 @@ def run(k: int, args: argparse.Namespace, work: Path, kill_one: bool) -> dict[st
             # the run's worker has a store of its own, with this one job in it
             rows = _sql(worker.api, "SELECT step, n_ranks, n_missing FROM job_steps FINAL "
                                     "ORDER BY step")
+            incidents = _incidents(worker.api, wl.job)
         finally:
             for c in shards:
                 if c.alive():
@@ -130,7 +165,8 @@ def run(k: int, args: argparse.Namespace, work: Path, kill_one: bool) -> dict[st
     complete = sum(1 for _step, n, miss in rows if n == args.gpus and miss == 0)
     return {"s_per_step": steps_s, "rank_steps_per_s": args.gpus / steps_s,
             "job_worker_cores": job_cores,
-            "stored": len(rows), "complete": complete, "killed": float(killed)}
+            "stored": len(rows), "complete": complete, "killed": float(killed),
+            "incidents": incidents}
 
 
 def main() -> None:
@@ -141,26 +177,32 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--cpu-each", type=float, default=0.2)
     ap.add_argument("--kill-one", action="store_true")
+    ap.add_argument("--fault", default="", help="FAMILY:SEVERITY in every step; the incidents "
+                    "are then compared with one process's")
     args = ap.parse_args()
     print(header())
     ks = [int(x) for x in args.workers.split(",")]
     print(f"load: {args.gpus} GPUs, {args.steps} steps of ~830 ops per rank, shards of "
           f"{args.shard_ranks} ranks; each stage-1 worker held to {args.cpu_each} of a core")
+    wl = build_workload(args.gpus, 3, 10.0, 16, 12, False, 0, _fault(args.fault))
+    want = one_process(wl, args.steps)
     work = Path(tempfile.mkdtemp(prefix="flare-split-"))
     try:
-        out = {k: run(k, args, work, args.kill_one and k == max(ks)) for k in ks}
+        out = {k: run(k, args, wl, work, args.kill_one and k == max(ks)) for k in ks}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = out[ks[0]]["rank_steps_per_s"]
+    print(f"\none process's incidents: {sorted(want)}")
     print("\n| stage-1 workers (cores) | s per step | rank-steps/s | × first | job's worker, "
-          "cores used | steps stored / complete |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "cores used | steps stored / complete | incidents as one process's |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for k in ks:
         r = out[k]
         note = " (one killed)" if r["killed"] else ""
         print(f"| {k} ({k * args.cpu_each:.1f}){note} | {r['s_per_step']:.2f} | "
               f"{r['rank_steps_per_s']:.0f} | {r['rank_steps_per_s'] / base:.2f} | "
-              f"{r['job_worker_cores']:.2f} | {r['stored']:.0f} / {r['complete']:.0f} |")
+              f"{r['job_worker_cores']:.2f} | {r['stored']:.0f} / {r['complete']:.0f} | "
+              f"{'same' if r['incidents'] == want else r['incidents']} |")
 
 
 if __name__ == "__main__":
