@@ -83,7 +83,7 @@ class ShardMerger(PendingSteps):
         kept = pending.msgs.get(part.shard) if pending is not None else None
         if kept is not None and kept.frame.n_ranks > f.n_ranks:
             return self.advance(now_ns)  # a restarted stage 1 sent the step again, in part
-        span = int((f.t_end_ns - f.t_start_ns).max()) if f.n_ranks else 0
+        span = int((f.t_end_ns - f.t_start_ns).max())
         return self._take(f.step, part.shard, part, span, now_ns)
 
     def advance(self, now_ns: int) -> list[StepFrame]:
@@ -92,11 +92,12 @@ class ShardMerger(PendingSteps):
         not, since its stage 1 moves its watermark on by its clock. Without watermarks (stage
         1 played in one process), by `now_ns`, as the step assembler does."""
         if self.marks:
-            if len(self.pending) > self.max_pending:
-                self.absent |= self._unheard()  # waited long enough: nothing of it is traced
-            now_ns = min(now_ns, min(self.marks.values()))
-            if self._unheard():
-                now_ns = -1  # a shard not heard from yet may be one whose stage 1 lags
+            unheard = self._unheard()
+            if unheard and len(self.pending) > self.max_pending:
+                self.absent |= unheard  # waited long enough: nothing of it is traced
+                unheard = set()
+            # a shard not heard from yet may be one whose stage 1 lags: no step leaves by time
+            now_ns = -1 if unheard else min(now_ns, min(self.marks.values()))
         return super().advance(now_ns)
 
     def _shards(self) -> int:

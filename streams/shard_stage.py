@@ -186,21 +186,24 @@ class ShardStage:
             idle = max(0, now - sh.arrival_ns)
             clock = sh.stream_ns + idle
             frames = sh.assembler.advance(clock)
-            out.extend(self._send(key[1], sh, frames, sh.watermark(clock)))
             mark = sh.watermark(clock)
+            out.extend(self._send(key[1], sh, frames, mark))
             if mark - sh.mark_ns >= self._mark_every_ns:
                 # nothing of the shard to send: say how far it was read, so a step waiting
                 # on it in stage 2 leaves after its grace, as one waiting on a silent rank does
-                out.sent.append((PARTIALS, key[0].encode("utf-8"), encode_watermark(
-                    key[0], shard=key[1], shard_ranks=self.shard_ranks, watermark_ns=mark)))
+                out.sent.append(self._watermark_alone(key, mark))
                 sh.mark_ns = mark
             if idle > self._idle_ns:
                 out.extend(self._send(key[1], sh, sh.assembler.flush(), clock))
-                out.sent.append((PARTIALS, key[0].encode("utf-8"), encode_watermark(
-                    key[0], shard=key[1], shard_ranks=self.shard_ranks, watermark_ns=GONE)))
+                out.sent.append(self._watermark_alone(key, GONE))
                 del self.shards[key]
                 self.decoder.forget(key[0])
         return out
+
+    def _watermark_alone(self, key: tuple[str, int], mark_ns: int) -> Message:
+        job, shard = key
+        return (PARTIALS, job.encode("utf-8"), encode_watermark(
+            job, shard=shard, shard_ranks=self.shard_ranks, watermark_ns=mark_ns))
 
     def revoke(self, partitions: Iterable[int]) -> int:
         """Drop the shards of partitions another worker now owns (it re-reads their pending
