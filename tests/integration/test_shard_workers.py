@@ -87,9 +87,9 @@ def test_two_shard_workers_and_a_job_worker_give_the_incidents_of_one_process(
         assert any(tp.startswith(PARTIALS) for tp in processed), processed
         assert not any(tp.startswith(STEPS) for tp in processed), "every step message is split"
     finally:
-        for s in shards:
-            s.process.terminate()
-        codes = [s.stop() for s in shards]
+        for s in shards:  # signal both, then wait: a second SIGTERM while one is already
+            s.process.terminate()  # exiting would land after Python dropped its handler
+        codes = [s.process.wait(timeout=60) for s in shards]
     logs = [s.log() for s in shards]
     assert codes == [0, 0], logs
     assert all(_count(log, "records") > 0 for log in logs), f"both read shards: {logs}"
