@@ -134,6 +134,10 @@ class Settings(BaseSettings):
         "share the jobs' shards"
     )
     shard_group_id: str = "flare-shards"
+    shard_alive_file: str = Field(
+        "", description="a file `flare shard-worker` touches at most once a second while its "
+        "loop runs, for a liveness check that reads its age (it serves no HTTP); empty: none"
+    )
     rebuild_messages: int = Field(
         20_000, description="messages per input topic-partition re-read to rebuild detector "
         "state when a partition is assigned (0: start from scratch)"

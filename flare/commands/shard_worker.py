@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -53,11 +55,31 @@ def run(settings: Settings, *, quiet: bool = True) -> int:
     if not quiet:
         typer.echo(f"flare shard-worker: Kafka {conn.bootstrap}, shards of "
                    f"{settings.shard_ranks} ranks, group {cfg.group_id}", err=True)
-    worker.run(lambda: stopping)
+    worker.run(lambda: stopping, alive_beat(settings.shard_alive_file, time.monotonic))
     typer.echo(f"flare shard-worker: read {worker.records} records, sent "
                f"{stage.partials_sent} shard steps, {stage.dead_letters.total} dead letters",
                err=True)
     return worker.records
+
+
+def alive_beat(path: str, clock: Callable[[], float],
+               every_s: float = 1.0) -> Callable[[], None] | None:
+    """A beat that touches `path` at most every `every_s` of `clock`, or None (no path).
+
+    The stage-1 worker serves no HTTP, so a container's health check reads this file's age:
+    a loop stuck for longer than the check allows stops touching it."""
+    if not path:
+        return None
+    file = Path(path)
+    last = [float("-inf")]
+
+    def beat() -> None:
+        now = clock()
+        if now - last[0] >= every_s:
+            file.touch()
+            last[0] = now
+
+    return beat
 
 
 def register(app: typer.Typer) -> None:

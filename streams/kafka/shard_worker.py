@@ -84,12 +84,15 @@ class ShardWorker:
         self.records = 0
 
     # ---- the loop -------------------------------------------------------------------------
-    def run(self, stop: Callable[[], bool]) -> None:
+    def run(self, stop: Callable[[], bool], beat: Callable[[], None] | None = None) -> None:
+        """Batches until `stop()`; `beat()` after each one (the loop is alive)."""
         self.consumer.subscribe([SHARD_STEPS], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
         try:
             while not stop():
                 self.step()
+                if beat is not None:
+                    beat()
         finally:
             self.consumer.close()  # leaves the group: its partitions move at once
             self.producer.flush(self.cfg.flush_timeout_s)

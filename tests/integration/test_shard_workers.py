@@ -65,7 +65,8 @@ def test_two_shard_workers_and_a_job_worker_give_the_incidents_of_one_process(
     group = unique("g-shards")
     shards = [processes.start_shard_worker(
         broker.connection, tmp_path, name=f"shard-{n}", group=group, shard_ranks=SHARD_RANKS,
-        partitions=PARTITIONS, shard_partitions=SHARD_PARTITIONS, cwd=ROOT) for n in "ab"]
+        partitions=PARTITIONS, shard_partitions=SHARD_PARTITIONS, cwd=ROOT,
+        extra_env={"FLARE_SHARD_ALIVE_FILE": str(tmp_path / f"alive-{n}")}) for n in "ab"]
     try:
         wait_for(lambda: all(_assigned(s) for s in shards), 60,
                  "both stage-1 workers to hold partitions")
@@ -93,5 +94,6 @@ def test_two_shard_workers_and_a_job_worker_give_the_incidents_of_one_process(
     logs = [s.log() for s in shards]
     assert codes == [0, 0], logs
     assert all(_count(log, "records") > 0 for log in logs), f"both read shards: {logs}"
+    assert all((tmp_path / f"alive-{n}").is_file() for n in "ab"), "the loops beat"
     assert sum(_count(log, "dead") for log in logs) == 0
     assert worker.alive()

@@ -45,8 +45,8 @@ def test_the_validator_does_reject_a_broken_file(tmp_path: Path) -> None:
 def test_compose_runs_kafka_clickhouse_workers_api_replicas_and_monitoring() -> None:
     result = config("--services")
     assert result.returncode == 0, result.stderr
-    assert set(result.stdout.split()) == {"kafka", "clickhouse", "worker", "api", "prometheus",
-                                          "alertmanager", "grafana"}
+    assert set(result.stdout.split()) == {"kafka", "clickhouse", "worker", "shard-worker",
+                                          "api", "prometheus", "alertmanager", "grafana"}
     scaled = config("--format", "json", env={"FLARE_WORKERS": "3", "FLARE_API_REPLICAS": "4",
                                              "PATH": "/usr/bin:/bin"})
     assert scaled.returncode == 0, scaled.stderr
@@ -127,3 +127,16 @@ def test_grafana_reads_as_the_read_only_user_and_never_holds_the_writers_passwor
     assert re.findall(r"^\s+username: (\S+)$", datasource, re.M) == [user.tag] == ["dashboards"]
     assert re.findall(r"^\s+password: (\S+)$", datasource, re.M) == [f"${password_var}"]
     assert clickhouse["environment"]["CLICKHOUSE_USER"] != user.tag
+
+
+def test_shard_workers_split_jobs_as_their_producers_and_report_their_loop_alive() -> None:
+    shard = services()["shard-worker"]
+    env = shard["environment"]
+    assert shard["command"] == ["shard-worker", "--quiet"]
+    assert int(env["FLARE_SHARD_RANKS"]) > 0  # `flare shard-worker` refuses 0
+    assert env["FLARE_KAFKA_BOOTSTRAP"] == "kafka:9092"
+    # its health check reads the age of the very file its loop touches
+    assert env["FLARE_SHARD_ALIVE_FILE"] in " ".join(shard["healthcheck"]["test"])
+    scaled = services({"FLARE_SHARD_WORKERS": "4", "FLARE_SHARD_RANKS": "256"})["shard-worker"]
+    assert scaled["deploy"]["replicas"] == 4
+    assert scaled["environment"]["FLARE_SHARD_RANKS"] == "256"
