@@ -86,6 +86,11 @@ class Settings(BaseSettings):
         5.0, gt=0, description="/readyz fails while a worker's write has waited this long for "
         "ClickHouse (the write goes on; its batch stays un-acked until stored)"
     )
+    worker_shutdown_write_s: float = Field(
+        10.0, gt=0, description="a stopping worker waits at most this long for its last write "
+        "to ClickHouse (and the one out), then exits with those records un-acked: the "
+        "partitions' next owner reads them again. Keep it under the orchestrator's grace period"
+    )
     api_host: str = "127.0.0.1"
     api_port: int = Field(8000, ge=1, le=65535)
     api_key: SecretStr | None = Field(

@@ -3,7 +3,7 @@
 Usage:
   python load-tests/reliability_storage_outage.py [--down-s 30] [--gpus 32] [--steps 80]
       [--speed 2] [--signal kill|term|stop] [--connect-timeout-s N] [--read-timeout-s N]
-      [--keep-logs DIR]
+      [--stop-worker-after-s N] [--keep-logs DIR]
 
 There is no ClickHouse server on the test machines, so the server here is the real engine
 (chDB) behind a test HTTP front, `chdb_http.py`, in a process of its own that owns the data
@@ -44,6 +44,12 @@ client). Everything stays on loopback.
    worker read while the front was away (it stops taking input), the backlog growing in the
    topics, and how long the probes took. The stored rows are read back straight from the
    data directory with embedded chDB, not through the front.
+4. **A stop during the hang** (`--signal stop --stop-worker-after-s N`, instead of 3): N s
+   into the freeze the worker gets a SIGTERM. Must hold: it exits by itself with code 0,
+   within compose's 30 s stop_grace_period (its last write's wait is bounded by
+   FLARE_WORKER_SHUTDOWN_WRITE_S); the front thaws, a second worker in the same group
+   finishes the job, and every table's rows (FINAL) and the incidents equal the
+   reference's.
 
 Prints markdown tables and a verdict; exit 1 when a check fails.
 """
@@ -90,6 +96,8 @@ POLL_S = 0.25  # /readyz and /livez through the outage
 PROBE_TIMEOUT_S = 2.0  # a probe not answered within this counts as not answered
 SAMPLE_S = 1.0  # the worker's counters and the group's offsets
 READ_WAIT_S = 120.0  # how long a /v1 read through the outage is given to answer
+EXIT_WAIT_S = 120.0  # how long a worker told to stop during a hang is given to exit
+GRACE_S = 30.0  # docker-compose.yml's stop_grace_period for the worker (then SIGKILL)
 TPS = [(t, p) for t in INPUT_TOPICS for p in range(PARTITIONS)]
 # Every written column of each table, for reading it whole (storage.reader's rules).
 WHOLE_ROWS = {t.name: select_list(read_columns(t)) for t in TABLES}
@@ -477,6 +485,115 @@ def outage_run(rec: Path, work: Path, speed: float, replay_s: float, down_s: flo
     return run, stored, seen
 
 
+@dataclass
+class StopInHang:
+    """A worker told to stop while its store hangs, and its successor."""
+
+    stop_after_s: float  # into the freeze, the SIGTERM
+    exit_code: int | None = None
+    exit_s: float | None = None  # SIGTERM → the process gone
+    killed: bool = False  # it had not exited after EXIT_WAIT_S, so SIGKILL
+    acked_at_term: int = 0  # messages stored and acked when it was told to stop
+    writing_s_at_term: float = 0.0  # how long its write out had waited by then
+    successor_ready_s: float | None = None  # the front answering → the next worker ready
+    log_tail: str = ""
+
+
+def stop_in_hang_run(rec: Path, work: Path, speed: float, replay_s: float, stop_after_s: float,
+                     worker_env: dict[str, str]) -> tuple[rk.Run, dict[str, int], StopInHang]:
+    """The job through a worker whose store is the front; at 40% of the replay the front
+    freezes (SIGSTOP, its listen queue filled) and `stop_after_s` later the worker gets a
+    SIGTERM, as an orchestrator's rollout or a node drain sends it. It must exit by itself,
+    its wait for the write out bounded by its timeouts; the front then thaws, a second
+    worker in the same group takes over, and the job's rows and incidents must be the
+    reference's: what the first had not acked is read again."""
+    seen = StopInHang(stop_after_s)
+    work.mkdir()
+    front = Front(work / "front-data", work / "front.log")
+    front.start()
+    env = {"FLARE_CLICKHOUSE_URL": front.url, **worker_env}
+    with start_tansu(free_port(), log_path=work / "tansu.log") as broker:
+        ensure_topics(broker.connection, PARTITIONS)
+        offsets = GroupOffsets(broker.connection)
+        w = start_worker(broker.connection, work, name="w", group=rk.GROUP,
+                         partitions=PARTITIONS, api_port=free_port(), cwd=rk.ROOT,
+                         extra_env=env)
+        w2: WorkerProcess | None = None
+        player: subprocess.Popen[bytes] | None = None
+        try:
+            w.wait_ready(120)
+            player = _player(rec, broker.bootstrap, speed)
+            time.sleep(0.4 * replay_s)
+            t_down, _ = front.freeze()
+            time.sleep(max(0.0, t_down + stop_after_s - time.monotonic()))
+            at_term = sample(w, offsets, time.monotonic() - t_down)
+            seen.acked_at_term, seen.writing_s_at_term = at_term.acked_total, at_term.writing_s
+            t_term = time.monotonic()
+            w.process.terminate()
+            try:
+                seen.exit_code = w.process.wait(EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                seen.killed = True
+                w.process.kill()
+                seen.exit_code = w.process.wait(30)
+            seen.exit_s = round(time.monotonic() - t_term, 1)
+            seen.log_tail = w.log_tail(8)
+            front.thaw()
+            w2 = start_worker(broker.connection, work, name="w2", group=rk.GROUP,
+                              partitions=PARTITIONS, api_port=free_port(), cwd=rk.ROOT,
+                              extra_env=env)
+            w2.wait_ready(120)
+            seen.successor_ready_s = round(time.monotonic() - front.answered_at, 1)
+            _finish(player, replay_s)
+            rk.settle(w2, 300)
+            _stop_worker(w2)
+        finally:
+            if player is not None and player.poll() is None:
+                player.kill()
+            for x in (w, w2):
+                if x is not None and x.alive():
+                    x.stop(30)
+            offsets.close()
+            front.stop()
+    run = rk.Run(1, None)
+    run.counts, stored, run.incidents = read_rows(front.data)
+    return run, stored, seen
+
+
+def report_stop_in_hang(argv: list[str] | None, args: argparse.Namespace, replay_s: float,
+                        wall_s: float, ref: rk.Run, out: rk.Run, seen: StopInHang) -> int:
+    """Print the stop-during-a-hang table; 0 when every check holds, else 1."""
+    print(f"`python load-tests/reliability_storage_outage.py "
+          f"{' '.join(argv or sys.argv[1:])}`\n")
+    timeouts = ", ".join(f"{k}={v}" for k, v in (
+        ("FLARE_CLICKHOUSE_CONNECT_TIMEOUT_S", args.connect_timeout_s),
+        ("FLARE_CLICKHOUSE_READ_TIMEOUT_S", args.read_timeout_s)) if v is not None)
+    print(f"{rk.machine()}; job: {args.gpus} GPUs, {args.steps} steps of 0.5 s, one GPU "
+          f"slowed x1.5, replayed at {args.speed}x ({replay_s:.0f} s); ClickHouse = chDB "
+          f"behind load-tests/chdb_http.py, frozen by SIGSTOP at 40% of the replay; the "
+          f"worker sent SIGTERM {seen.stop_after_s:g} s into the freeze; worker timeouts: "
+          f"{timeouts or 'its defaults'}; {wall_s / 60:.1f} min in all\n")
+    exited = seen.exit_code == 0 and not seen.killed
+    print("| a stop while ClickHouse hangs | |\n|---|---|")
+    print(f"| messages stored and acked when told to stop; its write out had waited | "
+          f"{seen.acked_at_term}; {seen.writing_s_at_term:.1f} s |")
+    print(f"| the worker exited by itself (code 0, no SIGKILL after {EXIT_WAIT_S:g} s) | "
+          f"{exited} (code {seen.exit_code}) |")
+    in_grace = seen.exit_s is not None and seen.exit_s < GRACE_S
+    print(f"| SIGTERM → exit; within compose's stop_grace_period ({GRACE_S:g} s) | "
+          f"{seen.exit_s} s; {in_grace} |")
+    print(f"| the next worker ready after the front answered | {seen.successor_ready_s} s |")
+    print(f"| rows equal the reference's (FINAL, every table) | {out.counts == ref.counts} |")
+    print(f"| incidents equal the reference's (ids and fields) | "
+          f"{out.incidents == ref.incidents} ({len(out.incidents)}) |")
+    print(f"\nthe stopped worker's last lines:\n```\n{seen.log_tail}\n```")
+    if out.incidents != ref.incidents:
+        print(f"reference incidents: {ref.incidents}\nrun incidents: {out.incidents}")
+    ok = exited and in_grace and rk.same(out, ref) and bool(ref.incidents)
+    print(f"\n{'all checks hold' if ok else 'A CHECK FAILED'}")
+    return 0 if ok else 1
+
+
 def _away(w: WorkerProcess, offsets: GroupOffsets, seen: Outage, t_down: float,
           down_s: float) -> None:
     """Poll `/livez` and `/readyz`, timed (and the counters every SAMPLE_S), until `down_s`
@@ -578,9 +695,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="the worker's FLARE_CLICKHOUSE_CONNECT_TIMEOUT_S (default: its own)")
     ap.add_argument("--read-timeout-s", type=int, default=None,
                     help="the worker's FLARE_CLICKHOUSE_READ_TIMEOUT_S (default: its own)")
+    ap.add_argument("--stop-worker-after-s", type=float, default=None,
+                    help="with --signal stop: SIGTERM the worker this long into the freeze, "
+                    "thaw once it exits, and let a second worker finish the job")
     ap.add_argument("--keep-logs", type=Path, default=None,
                     help="copy the worker's, the front's and tansu's logs here")
     args = ap.parse_args(argv)
+    if args.stop_worker_after_s is not None and args.signal != "stop":
+        ap.error("--stop-worker-after-s needs --signal stop (a store that hangs)")
     sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}[args.signal]
     worker_env = {name: str(value) for name, value in (
         ("FLARE_CLICKHOUSE_CONNECT_TIMEOUT_S", args.connect_timeout_s),
@@ -594,8 +716,12 @@ def main(argv: list[str] | None = None) -> int:
         rec = rk.simulate(workdir / "job.jsonl", args.gpus, args.steps, 0, "slow_gpu")
         ref, ref_stored = reference(rec, workdir / "ref", args.speed, replay_s)
         print(f"reference: {ref.counts}", file=sys.stderr)
-        out, stored, seen = outage_run(rec, workdir / "out", args.speed, replay_s,
-                                       args.down_s, sig, worker_env)
+        if args.stop_worker_after_s is not None:
+            out, _, stopped = stop_in_hang_run(rec, workdir / "out", args.speed, replay_s,
+                                               args.stop_worker_after_s, worker_env)
+        else:
+            out, stored, seen = outage_run(rec, workdir / "out", args.speed, replay_s,
+                                           args.down_s, sig, worker_env)
     finally:
         if args.keep_logs is not None:
             args.keep_logs.mkdir(parents=True, exist_ok=True)
@@ -603,6 +729,8 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copy(log, args.keep_logs / "-".join(log.relative_to(workdir).parts))
         shutil.rmtree(workdir, ignore_errors=True)
     wall_s = time.monotonic() - t0
+    if args.stop_worker_after_s is not None:
+        return report_stop_in_hang(argv, args, replay_s, wall_s, ref, out, stopped)
     return report(argv, args, replay_s, wall_s, (checked, equal, differ, sample_rows), ref,
                   out, {"reference": ref_stored, "outage": stored}, seen)
 

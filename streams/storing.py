@@ -19,13 +19,57 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
+import threading
 from collections.abc import Awaitable, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from streams.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class WriteThread:
+    """One daemon thread that runs the calls submitted to it, in order.
+
+    Not a `ThreadPoolExecutor`: Python joins those threads when the process exits, so a write
+    hung on a store that never answers would hold a stopping worker for the client's
+    timeouts (43 s with the defaults, measured), past an orchestrator's grace period. A
+    daemon thread is left behind instead: the worker has not acked that write's records, so
+    the partitions' next owner reads them again.
+
+    >>> t = WriteThread("example")
+    >>> t.submit(lambda: 6 * 7).result(timeout=5)
+    42
+    >>> t.shutdown()
+    """
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue())
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, call: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._calls.put((call, future))
+        return future
+
+    def shutdown(self) -> None:
+        """End the thread once the calls submitted before are done."""
+        self._calls.put(None)
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(call())
+            except BaseException as exc:  # handed to the waiting coroutine
+                future.set_exception(exc)
 
 
 class Storer:
@@ -41,7 +85,7 @@ class Storer:
         self._lock = asyncio.Lock()
         # One thread: writes are serialized by the lock anyway, and a hung write must not
         # take the loop's default executor (the API's and the clients' threads) with it.
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flare-store")
+        self._thread = WriteThread("flare-store")
         self._writes: set[asyncio.Task[bool]] = set()
 
     async def write(self) -> bool:
@@ -79,6 +123,18 @@ class Storer:
             ack(message)
         return True
 
+    async def last_write(self, within_s: float) -> bool:
+        """The write out, if any, then one of every row still buffered, both within
+        `within_s` (a stopping worker's): True once stored. Past it, False and the rows are
+        left unwritten: their records are not acked, so the next owner reads them again."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.write()), within_s)
+        except TimeoutError:
+            log.warning("storage did not answer the last write within %.0f s: its records "
+                        "are not acked, and are read again by the partitions' next owner",
+                        within_s)
+            return False
+
     async def _write(self) -> bool:
         async with self._lock:
             rows = self.pipeline.begin_write()
@@ -90,7 +146,7 @@ class Storer:
 
     def close(self) -> None:
         """Let the write thread end once its write is done (no new writes after this)."""
-        self._thread.shutdown(wait=False)
+        self._thread.shutdown()
 
 
 def _log_failure(task: asyncio.Task[bool]) -> None:

@@ -62,6 +62,7 @@ class WorkerConfig:
     session_timeout_s: float  # consumer-group session: tansu joins in about half of it
     fetch_max_wait_ms: int  # longest a fetch waits on quiet partitions (faust's own: 1,500)
     rebuild_messages: int  # history re-read per input topic-partition on assignment (0: none)
+    shutdown_write_s: float = 10.0  # a stopping worker's wait for its last write, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,9 +341,10 @@ def build_app(
 
     async def on_shutdown(sender: Any, **kwargs: Any) -> None:
         """A last write (of rows whose records are not acked: they are read again anyway),
-        after the one out, if any; each bounded by the client's timeouts."""
+        after the one out, if any; both within `shutdown_write_s`, so that a store that
+        hangs does not hold the stop past an orchestrator's grace period."""
         pipeline.progress.stopping = True
-        await storer.write()
+        await storer.last_write(config.shutdown_write_s)
 
     app.on_before_shutdown.connect(on_shutdown)  # type: ignore[arg-type]
 

@@ -44,6 +44,7 @@ def worker_config(settings: Settings) -> WorkerConfig:
         session_timeout_s=settings.kafka_session_timeout_s,
         fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
         rebuild_messages=settings.rebuild_messages,
+        shutdown_write_s=settings.worker_shutdown_write_s,
     )
 
 

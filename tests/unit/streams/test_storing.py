@@ -263,3 +263,60 @@ def test_a_write_that_raises_hands_its_rows_back(make_error: Callable[[], Except
         with pytest.raises(KeyError):
             asyncio.run(scenario())
     assert len(store.buffered) == 1 and pipe.writing_s() == 0.0
+
+
+def test_a_stopping_worker_leaves_a_hung_last_write_unacked_after_its_bound() -> None:
+    """The store does not answer: the last write gives up after its bound with nothing
+    acked or stored (a worker that exits then leaves those records to the next owner)."""
+    store, clock = GatedStore(), FakeClock()
+    pipe = make_pipeline(store, clock)
+    pipe.on_records([bad_record(0)])
+    acked: list[Any] = []
+
+    async def scenario() -> bool:
+        storer = Storer(pipe, retry_s=1.0)
+        out = asyncio.create_task(storer.store_then_ack(["m0"], acked.append, never))
+        await began(store)
+        stored = await storer.last_write(0.05)  # loop time: the gate stays shut
+        assert not out.done() and acked == [] and store.stored == []
+        store.gate.set()  # let the thread end (the test's own cleanup)
+        await out
+        storer.close()
+        return stored
+
+    assert asyncio.run(scenario()) is False
+    assert acked == ["m0"]  # the write the batch was waiting on did finish afterwards
+
+
+def test_the_last_write_stores_what_is_buffered_when_the_store_answers() -> None:
+    store, clock = MemoryStore(), FakeClock()
+    pipe = make_pipeline(store, clock)
+    pipe.on_records([bad_record(0), bad_record(1)])
+
+    async def scenario() -> bool:
+        storer = Storer(pipe, retry_s=1.0)
+        try:
+            return await storer.last_write(30.0)
+        finally:
+            storer.close()
+
+    assert asyncio.run(scenario()) is True
+    assert stored_offsets(store) == [0, 1]
+
+
+def test_a_write_hung_on_the_write_thread_does_not_hold_the_process_exit() -> None:
+    """With the executor's threads (joined at exit) this child would hang forever; the
+    write thread is a daemon, so the child exits at once with its write still blocked."""
+    import subprocess
+    import sys
+
+    child = (
+        "import threading\n"
+        "from streams.storing import WriteThread\n"
+        "t = WriteThread('flare-store')\n"
+        "t.submit(threading.Event().wait)\n"  # a write that never returns
+        "print('leaving')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                          timeout=GUARD_S)
+    assert done.returncode == 0 and done.stdout.strip() == "leaving", done.stderr
