@@ -560,9 +560,9 @@ def stop_in_hang_run(rec: Path, work: Path, speed: float, replay_s: float, stop_
     return run, stored, seen
 
 
-def report_stop_in_hang(argv: list[str] | None, args: argparse.Namespace, replay_s: float,
-                        wall_s: float, ref: rk.Run, out: rk.Run, seen: StopInHang) -> int:
-    """Print the stop-during-a-hang table; 0 when every check holds, else 1."""
+def _run_header(argv: list[str] | None, args: argparse.Namespace, replay_s: float,
+                wall_s: float, how: str) -> None:
+    """The command, the machine, the job and what was done to the front."""
     print(f"`python load-tests/reliability_storage_outage.py "
           f"{' '.join(argv or sys.argv[1:])}`\n")
     timeouts = ", ".join(f"{k}={v}" for k, v in (
@@ -570,9 +570,17 @@ def report_stop_in_hang(argv: list[str] | None, args: argparse.Namespace, replay
         ("FLARE_CLICKHOUSE_READ_TIMEOUT_S", args.read_timeout_s)) if v is not None)
     print(f"{rk.machine()}; job: {args.gpus} GPUs, {args.steps} steps of 0.5 s, one GPU "
           f"slowed x1.5, replayed at {args.speed}x ({replay_s:.0f} s); ClickHouse = chDB "
-          f"behind load-tests/chdb_http.py, frozen by SIGSTOP at 40% of the replay; the "
-          f"worker sent SIGTERM {seen.stop_after_s:g} s into the freeze; worker timeouts: "
-          f"{timeouts or 'its defaults'}; {wall_s / 60:.1f} min in all\n")
+          f"behind load-tests/chdb_http.py (a test HTTP front, not a ClickHouse server "
+          f"binary), {how}; worker timeouts: {timeouts or 'its defaults'}; "
+          f"{wall_s / 60:.1f} min in all\n")
+
+
+def report_stop_in_hang(argv: list[str] | None, args: argparse.Namespace, replay_s: float,
+                        wall_s: float, ref: rk.Run, out: rk.Run, seen: StopInHang) -> int:
+    """Print the stop-during-a-hang table; 0 when every check holds, else 1."""
+    _run_header(argv, args, replay_s, wall_s,
+                f"frozen by SIGSTOP at 40% of the replay; the worker sent SIGTERM "
+                f"{seen.stop_after_s:g} s into the freeze")
     exited = seen.exit_code == 0 and not seen.killed
     print("| a stop while ClickHouse hangs | |\n|---|---|")
     print(f"| messages stored and acked when told to stop; its write out had waited | "
@@ -742,21 +750,12 @@ def report(argv: list[str] | None, args: argparse.Namespace, replay_s: float, wa
     checked, equal, differ, sample_rows = par
     stop, restart, after = seen.at_stop, seen.at_restart, seen.after
     assert stop is not None and restart is not None and after is not None
-    print(f"`python load-tests/reliability_storage_outage.py "
-          f"{' '.join(argv or sys.argv[1:])}`\n")
     frozen = seen.signal == "SIGSTOP"
-    how = (f"frozen by SIGSTOP (its listen queue then filled: {seen.queue_accepted} "
-           f"connections accepted, further connects unanswered) at 40% of the replay for "
-           f"{args.down_s:g} s, then SIGCONT" if frozen else
-           f"stopped by SIG{seen.signal[3:]} at 40% of the replay for {args.down_s:g} s")
-    timeouts = ", ".join(f"{k}={v}" for k, v in (
-        ("FLARE_CLICKHOUSE_CONNECT_TIMEOUT_S", args.connect_timeout_s),
-        ("FLARE_CLICKHOUSE_READ_TIMEOUT_S", args.read_timeout_s)) if v is not None)
-    print(f"{rk.machine()}; job: {args.gpus} GPUs, {args.steps} steps of 0.5 s, one GPU "
-          f"slowed x1.5, replayed at {args.speed}x ({replay_s:.0f} s); ClickHouse = chDB "
-          f"behind load-tests/chdb_http.py (a test HTTP front, not a ClickHouse server "
-          f"binary), {how}; worker timeouts: {timeouts or 'its defaults'}; "
-          f"{wall_s / 60:.1f} min in all\n")
+    _run_header(argv, args, replay_s, wall_s,
+                f"frozen by SIGSTOP (its listen queue then filled: {seen.queue_accepted} "
+                f"connections accepted, further connects unanswered) at 40% of the replay for "
+                f"{args.down_s:g} s, then SIGCONT" if frozen else
+                f"stopped by SIG{seen.signal[3:]} at 40% of the replay for {args.down_s:g} s")
 
     print("| the front answers as embedded chDB does | |\n|---|---|")
     print(f"| migrations, every table read whole (FINAL), {len(READS)} API questions | "
