@@ -23,12 +23,15 @@ The kind stays `gpu` and the detail says the culprit is not traced. An untraced 
 that stalls once per step (a GC pause, a late loader) makes its group wait once, at whatever
 collective follows: the group's total wait rises, its typical collective does not. That is
 a `host` suspect on the node (`_stall_z`), named where the stall happens rather than in the
-pipeline neighbours it passes to (`_stall_origins`). A group whose slowest
-member is traced has a short least wait: the compute view names that member. A group is
-judged against its stage peers and against its own usual wait (`WaitHistory`), since each
-alone is biased. The same waits also settle a question the compute view cannot: a slow rank
-that is its node's only traced rank is its GPU if its untraced peers wait for it, its node
-if they keep pace (`_whole_node_or_gpu`).
+pipeline neighbours it passes to (`_stall_origins`). A group whose slowest member is traced
+has a short least wait: the compute view names that member. A group whose traced rank also
+received late waits on the pipeline, not on a member of its own, unless it waited far longer
+than that rank's transfers ran late (`_downstream`); and of two groups of one data replica
+that wait alike, the one that waited in more of the recent steps is where the slow member is
+(`_held_for_origin`). A group is judged against its stage peers and against its own usual
+wait (`WaitHistory`), since each alone is biased. The same waits also settle a question the
+compute view cannot: a slow rank that is its node's only traced rank is its GPU if its
+untraced peers wait for it, its node if they keep pace (`_whole_node_or_gpu`).
 
 Four traced ranks, one per `tp` group of size 4 (the layout says so). For five steps every
 rank waits 1 ms in its group's all-reduce; then the untraced members of `tp.2` turn slow, and
@@ -74,7 +77,7 @@ _MIN_PEERS = 3  # groups of one kind on one stage to compare with
 # σ floor of an untraced member's stall, as a share of the step: one process's stalls
 # jitter far more than a group's waits (as `host_suspects` floors a traced rank's)
 _STALL_SIGMA_FLOOR = 0.01
-_STALL_RATE_WEIGHT = 0.25  # weight of the latest step in a group's recent stall rate
+_RATE_WEIGHT = 0.25  # weight of the latest step in a group's recent stall and slow rates
 # σ floor of the log share of the traced ranks' step spent waiting on a dark node: those
 # waits follow the dark stage's data and schedule, far noisier than a group's least wait
 _DARK_SIGMA_FLOOR = 0.02
@@ -118,6 +121,7 @@ class WaitHistory(Stateful):
         self.values = np.full((0, depth), np.nan)  # (groups, depth) ring of log waits
         self.count = np.zeros(0, dtype=np.int64)  # values learnt per row (all time)
         self.stall_rate = np.zeros(0)  # per row: how often it showed a stall lately (EWMA)
+        self.slow_rate = np.zeros(0)  # per row: how often it waited long on one member (EWMA)
         # per row, its last WINDOW steps: each suspect step's wait (NaN: learnt or none) and
         # whether it was a suspect; ring slot = `seen` mod WINDOW
         self.held = np.full((0, WINDOW), np.nan)
@@ -134,6 +138,7 @@ class WaitHistory(Stateful):
             self.values = np.vstack([self.values, np.full((grow, self.depth), np.nan)])
             self.count = np.concatenate([self.count, np.zeros(grow, dtype=np.int64)])
             self.stall_rate = np.concatenate([self.stall_rate, np.zeros(grow)])
+            self.slow_rate = np.concatenate([self.slow_rate, np.zeros(grow)])
             self.held = np.vstack([self.held, np.full((grow, WINDOW), np.nan)])
             self.was_suspect = np.vstack([self.was_suspect, np.zeros((grow, WINDOW), bool)])
             self.seen = np.concatenate([self.seen, np.zeros(grow, dtype=np.int64)])
@@ -143,8 +148,15 @@ class WaitHistory(Stateful):
         """Add this step's stall readings (bool per group) to each group's recent rate and
         return the rates."""
         rows = self._rows(names)
-        rate = self.stall_rate[rows] * (1 - _STALL_RATE_WEIGHT) + _STALL_RATE_WEIGHT * stalled
+        rate = self.stall_rate[rows] * (1 - _RATE_WEIGHT) + _RATE_WEIGHT * stalled
         self.stall_rate[rows] = rate
+        return rate
+
+    def slow_rates(self, names: list[str], slow: np.ndarray) -> np.ndarray:
+        """As `stall_rates`, for the readings that a group waited long on one member."""
+        rows = self._rows(names)
+        rate = self.slow_rate[rows] * (1 - _RATE_WEIGHT) + _RATE_WEIGHT * slow
+        self.slow_rate[rows] = rate
         return rate
 
     def change(
@@ -318,7 +330,7 @@ def _group_suspects(
     # group inside a node with too few peers on its stage (a small job: two nodes a stage).
     vs_peers = local & enough
     z = np.where(vs_peers, np.minimum(z_peer, z_own), z_own)
-    upstream = _downstream(frame, stages, noise)[g_rank]
+    upstream = _downstream(frame, stages, noise, g_rank, g_wait - ref)
     z = np.where(upstream, 0.0, z)
     z = _where_it_starts(z, local & ~enough)
     # a group with too few stage peers (a small job: two nodes a stage) measures a stall's
@@ -332,6 +344,12 @@ def _group_suspects(
         # which is what a stall looks like: it explains them
         z_stall = np.where(lone, 0.0, z_stall)
     z_stall = _stall_origins(frame, [all_names[i] for i in sel], g_rank, z_stall, history, out)
+    lead = ~upstream & enough & (z_peer >= Z_REPORT)
+    in_replica = np.array([k == "tp" for k in kinds], dtype=bool)
+    held = _held_for_origin(frame, [all_names[i] for i in sel], g_rank, in_replica,
+                            np.maximum(z, z_stall), (lead, np.where(enough, g_wait - ref, 0.0)),
+                            history)
+    z, z_stall = np.where(held, 0.0, z), np.where(held, 0.0, z_stall)
     # a change its own history calls significant is not learnt as usual, whatever the peers;
     # nor is a stall's long total (its typical instance stays usual, and is learnt)
     unusual = np.nan_to_num(all_z_own) >= Z_REPORT
@@ -512,6 +530,49 @@ def _stall_origins(
     return np.where((rate >= most[column[rank]]) & ~explained[column[rank]], z_stall, 0.0)
 
 
+def _held_for_origin(
+    frame: StepFrame,
+    names: list[str],
+    rank: np.ndarray,
+    inside: np.ndarray,
+    z: np.ndarray,
+    waits: tuple[np.ndarray, np.ndarray],
+    history: WaitHistory,
+) -> np.ndarray:
+    """(N,) bool: a group named (`z` ≥ Z_REPORT, either reading) that is held, since
+    another group of its data replica waited at least half as long and has led at least as
+    often lately. Only groups `inside` one replica (tensor-parallel groups; a data-parallel
+    one spans them all) are held or hold. `waits`: (N,) lead: the
+    group waited long against its stage peers and its traced rank's transfers do not
+    explain it (`_downstream`); (N,) excess: seconds over its stage peers.
+
+    An untraced member that stalls, or whose own sends slow with it, makes its pipeline
+    neighbour's group wait too whenever the lump falls before a send to it, and the
+    neighbour's traced member need not see it in its transfers (it exchanges with the
+    stalled one's traced member, on time). One step then shows two groups of a replica
+    waiting alike, and cannot tell which waits on the other. The stalled or slow member's
+    own group waits in every step, its neighbour's only in some: the group that led most
+    often lately is the origin, and a tie names neither until one leads. A group that
+    waited far longer than any other of its replica is its own evidence. Without
+    coordinates every group keeps its reading."""
+    lead, excess = waits
+    rate = history.slow_rates(names, lead)
+    held = np.zeros(z.size, dtype=bool)
+    hit = np.flatnonzero((z >= Z_REPORT) & inside)
+    if hit.size == 0 or (frame.coord("dp") < 0).any():
+        return held
+    column = _replica_columns(frame)[rank]
+    rival = (
+        (column[None, :] == column[hit, None])
+        & (np.arange(z.size)[None, :] != hit[:, None])
+        & (lead & inside)[None, :]
+        & (excess[None, :] >= 0.5 * excess[hit, None])
+        & (rate[None, :] >= rate[hit, None])
+    )
+    held[hit[rival.any(axis=1)]] = True
+    return held
+
+
 def _replica_columns(frame: StepFrame) -> np.ndarray:
     """(R,) one key per data replica (its dp and cp coordinates, any pipeline stage)."""
     dp, cp = frame.coord("dp").astype(np.int64), frame.coord("cp").astype(np.int64)
@@ -558,11 +619,23 @@ def _least_waits(
     return p_group, p_rank, rep, wait, typical
 
 
-def _downstream(frame: StepFrame, stages: tuple[np.ndarray, int], noise: NoiseMemory) -> np.ndarray:
-    """(R,) bool: the rank also waits longer than its stage peers in its p2p transfers.
+def _downstream(
+    frame: StepFrame,
+    stages: tuple[np.ndarray, int],
+    noise: NoiseMemory,
+    rank: np.ndarray,
+    excess: np.ndarray,
+) -> np.ndarray:
+    """(N,) bool per group (its traced rank `rank`, its wait `excess` s over its stage
+    peers): the rank's p2p transfers also took longer than its stage peers', by at least
+    half the group's excess.
 
     Its group members then arrive late because they wait for the same upstream peer
-    (propagation, Holmes' upstream rule), not because one of them is slow."""
+    (propagation, Holmes' upstream rule), not because one of them is slow. A group that
+    waits far longer than its traced rank's transfers ran late waits on a member of its
+    own: an untraced straggler whose own sends slow with it holds every all-reduce of its
+    group for seconds, and makes its traced peer's transfers a little late too (tens of ms:
+    the neighbour stage waited on its late data, and answers late)."""
     keys, n_keys = stages
     ri = frame.op_rank_index()
     p2p = frame.op_kind == P2P
@@ -571,7 +644,7 @@ def _downstream(frame: StepFrame, stages: tuple[np.ndarray, int], noise: NoiseMe
     with np.errstate(divide="ignore", invalid="ignore"):
         xp = np.where(p2p_ref > 0, np.log(np.maximum(p2p_s, 1e-12) / p2p_ref), 0.0)
     zp = xp / noise.sigma("untraced_p2p", xp[p2p_ref > 0], _SIGMA_FLOOR)
-    return zp >= Z_REPORT
+    return (zp[rank] >= Z_REPORT) & ((p2p_s - p2p_ref)[rank] >= 0.5 * excess)
 
 
 def _places(

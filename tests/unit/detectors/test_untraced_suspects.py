@@ -21,12 +21,14 @@ from detectors.untraced_suspects import (
 )
 
 
-def _frame(slow_group: int | None, recv_slow: set[int] = frozenset(), step: int = 0):
+def _frame(slow_group: int | None, recv_slow: set[int] = frozenset(), step: int = 0,
+           recv_ms: float = 20.0):
     """One traced rank per tp group of 4 (ranks 0, 4, 8, 12, 16); each computes 10 ms,
-    receives from the previous stage, then all-reduces on its tp group."""
+    receives from the previous stage (`recv_slow`: in `recv_ms`, else 1 ms), then
+    all-reduces on its tp group."""
     msgs = []
     for r in (0, 4, 8, 12, 16):
-        recv = 20.0 if r in recv_slow else 1.0
+        recv = recv_ms if r in recv_slow else 1.0
         wait = 30.0 if slow_group is not None and r // 4 == slow_group else 1.0
         msgs.append(
             rank_step(
@@ -87,6 +89,13 @@ def test_nothing_without_the_layout_or_without_a_wait():
 def test_a_rank_that_also_waits_in_its_recv_is_downstream_not_the_place():
     # rank 8's group waits because rank 8 itself waited for its upstream stage
     assert _suspects(_frame(slow_group=2, recv_slow={8})) == []
+
+
+def test_a_group_that_waits_far_longer_than_its_rank_received_late_waits_on_its_own():
+    # rank 8 received 4 ms late, its group waited 29 ms extra: the pipeline explains a
+    # seventh of it, an untraced member of its own the rest (a straggler that holds every
+    # all-reduce, and makes its traced peer's next transfers a little late too)
+    assert _suspects(_frame(slow_group=2, recv_slow={8}, recv_ms=5.0)) == [("node:n2", "gpu")]
 
 
 def _compute_then_all_reduce(rank: int, node: str, group: str, compute: float, wait: float):
@@ -233,19 +242,21 @@ def test_a_node_blamed_whole_or_a_slow_network_is_the_explanation_instead():
     assert list(zip(out.entity, out.kind, strict=True)) == [("node:n2", "host")]
 
 
-def _stall_frame(step: int, stalls: dict[tuple[int, int], float], replicas: int = 4):
+def _stall_frame(step: int, stalls: dict[tuple[int, int], float], replicas: int = 4,
+                 every: bool = False):
     """Two pipeline stages × four data replicas (or `replicas`), a tp group of 4 per (stage,
     replica) on a node of its own, only tp rank 0 traced. Each traced rank computes 10 ms
     and all-reduces on its tp group four times a step; `stalls` maps (pp, dp) to a wait of
-    that many ms at one of the four all-reduces (which one moves with the step), the others
-    wait 1 ms."""
+    that many ms at one of the four all-reduces (which one moves with the step; `every`: at
+    all four, a slow member), the others wait 1 ms."""
     msgs = []
     for pp in range(2):
         for dp in range(replicas):
             rank, t, ops = pp * 16 + dp * 4, 0.0, []
             stalled = (step + dp) % 4
             for k in range(4):
-                wait = stalls.get((pp, dp), 1.0) if k == stalled else 1.0 + 0.01 * dp
+                hit = every or k == stalled
+                wait = stalls.get((pp, dp), 1.0) if hit else 1.0 + 0.01 * dp
                 ops += [("compute", "fwd", "", k, t, 10.0, 0),
                         ("coll", "all_reduce", f"tp.{pp}-{dp}", k, t + 10.0, wait, 1 << 20)]
                 t += 10.0 + wait
@@ -254,10 +265,11 @@ def _stall_frame(step: int, stalls: dict[tuple[int, int], float], replicas: int 
     return frame_of(msgs)
 
 
-def _stall_suspects(stalls_of_step, steps: int = 14, replicas: int = 4):
+def _stall_suspects(stalls_of_step, steps: int = 14, replicas: int = 4, every: bool = False):
     topo = Topology(group_size={"tp": 4}, world=8 * replicas)
     frames = [_stall_frame(s, {}, replicas) for s in range(6)]
-    frames += [_stall_frame(s, stalls_of_step(s), replicas) for s in range(6, 6 + steps)]
+    frames += [_stall_frame(s, stalls_of_step(s), replicas, every)
+               for s in range(6, 6 + steps)]
     return _judge(frames, topo)
 
 
@@ -287,6 +299,25 @@ def test_a_stall_passed_down_the_pipeline_is_named_where_it_happens():
     stalls = lambda s: {(1, 2): 12.0, (0, 2): 12.0} if s % 2 else {(1, 2): 12.0}  # noqa: E731
     assert _stall_suspects(stalls) == [("node:n12", "host")]
     assert _stall_suspects(stalls, steps=15) == [("node:n12", "host")]
+
+
+def test_a_slow_member_whose_group_a_neighbour_stage_echoes_is_named_where_it_is():
+    """An untraced member slowed at every all-reduce (its own sends slow with it, as a
+    starved process's do) makes its pipeline neighbour's group wait as long on the steps
+    its late data reaches that group's untraced member first; the neighbour's traced
+    member exchanges with the slow one's traced member, on time, so its transfers say
+    nothing. The group that waited in every step is named, on either parity."""
+    echoed = lambda s: {(1, 2): 12.0, (0, 2): 12.0} if s % 2 else {(1, 2): 12.0}  # noqa: E731
+    for steps in (14, 15):
+        assert _stall_suspects(echoed, steps=steps, every=True) == [("node:n12", "gpu")]
+
+
+def test_two_groups_of_a_replica_waiting_alike_from_the_start_name_neither_yet():
+    # one step cannot tell which waits on the other; naming both would page a healthy node
+    both = lambda s: {(1, 2): 12.0, (0, 2): 12.0}  # noqa: E731
+    assert _stall_suspects(both, steps=3, every=True) == []
+    # a slow member alone in its replica is named at once
+    assert _stall_suspects(lambda s: {(1, 2): 12.0}, steps=1, every=True) == [("node:n12", "gpu")]
 
 
 def test_a_stall_passed_on_from_a_traced_rank_is_that_ranks():
