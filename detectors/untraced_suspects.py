@@ -147,16 +147,17 @@ class WaitHistory(Stateful):
     def stall_rates(self, names: list[str], stalled: np.ndarray) -> np.ndarray:
         """Add this step's stall readings (bool per group) to each group's recent rate and
         return the rates."""
-        rows = self._rows(names)
-        rate = self.stall_rate[rows] * (1 - _RATE_WEIGHT) + _RATE_WEIGHT * stalled
-        self.stall_rate[rows] = rate
-        return rate
+        return self._rates("stall_rate", names, stalled)
 
     def slow_rates(self, names: list[str], slow: np.ndarray) -> np.ndarray:
         """As `stall_rates`, for the readings that a group waited long on one member."""
-        rows = self._rows(names)
-        rate = self.slow_rate[rows] * (1 - _RATE_WEIGHT) + _RATE_WEIGHT * slow
-        self.slow_rate[rows] = rate
+        return self._rates("slow_rate", names, slow)
+
+    def _rates(self, which: str, names: list[str], seen: np.ndarray) -> np.ndarray:
+        rows = self._rows(names)  # may grow the rate arrays: read them after
+        rates: np.ndarray = getattr(self, which)
+        rate = rates[rows] * (1 - _RATE_WEIGHT) + _RATE_WEIGHT * seen
+        rates[rows] = rate
         return rate
 
     def change(
