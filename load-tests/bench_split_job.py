@@ -2,6 +2,7 @@
 
 Usage: python load-tests/bench_split_job.py [--gpus 1024] [--steps 12] [--shard-ranks 64]
        [--workers 1,2,4] [--cpu-each 0.2] [--kill-one] [--fault slow_gpu:1.5]
+       [--placement even,hashed]
 
 Per worker count K, on a fresh throwaway tansu broker: the job's start and `--steps` steps
 (~830 ops per rank, no heartbeats) are published first, split into shards (the producers'
@@ -11,14 +12,18 @@ worker, stage 2) and K `flare shard-worker`s start. Each stage-1 worker is held 
 this is "at reduced speed": stage 1's CPU grows with K (K × cpu-each cores), and the
 throughput it buys is what scales.
 
-The drain is timed from the job's first diagnosed step to its last, from the job's
-worker's own counters (`/worker/stats` reports), sampled every 0.5 s. Then every step is read
-back through its API (`POST /v1/sql` on job_steps): each must be stored once, with all
-ranks and none missing. `--kill-one` kills (SIGKILL) one stage-1 worker of the largest K
-once a third of the steps are diagnosed; its partitions move to the others, which re-read
-what it had not committed. With `--fault`, the fault is in every step, and each run's
-incidents (through the job's worker's API) are compared with those one `JobDiagnoser` gives
-the same stream unsplit, field by field.
+The drain is timed two ways, from the job's worker's own counters (`/worker/stats` reports,
+sampled every 0.5 s): whole, from when every stage-1 worker holds partitions (its log says
+so) to the job's last diagnosed step; and from the first diagnosed step to the last, which
+leaves out how long the first step took to complete (that is reported too: when stage 1
+reads every shard's backlog at once, the first step completes late and this view flatters).
+Each worker's count of the job's shards is read from the partitions it holds at the end.
+Then every step is read back through its API (`POST /v1/sql` on job_steps): each must be
+stored once, with all ranks and none missing. `--kill-one` kills (SIGKILL) one stage-1
+worker of the largest K once a third of the steps are diagnosed; its partitions move to
+the others, which re-read what it had not committed. With `--fault`, the fault is in every
+step, and each run's incidents (through the job's worker's API) are compared with those one
+`JobDiagnoser` gives the same stream unsplit, field by field.
 """
 
 from __future__ import annotations
@@ -31,10 +36,13 @@ import signal
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import msgspec
+from aiokafka.partitioner import murmur2  # type: ignore[import-untyped]
 from bench_header import header
 from pipeline_workload import Workload, build_workload
 
@@ -43,6 +51,7 @@ from flare.local.broker import free_port, start_tansu
 from flare.local.processes import Child, start_shard_worker, start_worker
 from producers.publisher import KafkaPublisher, ShardingPublisher
 from producers.simulator import Fault
+from schemas.shard_key import shard_partition
 from schemas.steps_decoder import StepsDecoder
 from schemas.topics import ALL_TOPICS, STAGE1_TOPICS
 from streams.kafka.topics import ensure_topics
@@ -104,9 +113,30 @@ def _incidents(url: str, job: str) -> set[tuple[object, ...]]:
     return {tuple(i[f] for f in COMPARED) for i in r.json()["items"]}
 
 
-def run(k: int, args: argparse.Namespace, wl: Workload, work: Path,
+class KeyHashed:
+    """The producer as it was before shards were placed (`--placement hashed`): each shard
+    on the partition its key hashes to (murmur2), the partition it is given ignored."""
+
+    def __init__(self, inner: KafkaPublisher) -> None:
+        self.inner = inner
+
+    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any],
+                partition: int | None = None) -> None:
+        self.inner.publish(topic, key, value)
+
+    def flush(self, timeout_s: float = 30.0) -> object:
+        return self.inner.flush(timeout_s)
+
+
+def _partition_of(job: str, shard: int, placement: str) -> int:
+    if placement == "hashed":
+        return (murmur2(f"{job}/{shard}".encode()) & 0x7FFFFFFF) % SHARD_PARTITIONS
+    return shard_partition(job, shard, partitions=SHARD_PARTITIONS)
+
+
+def run(k: int, placement: str, args: argparse.Namespace, wl: Workload, work: Path,
         kill_one: bool) -> dict[str, object]:
-    run_dir = work / f"k{k}"
+    run_dir = work / f"k{k}-{placement}"
     run_dir.mkdir()
     groups: list[Path] = []
     shards: list[Child] = []
@@ -115,7 +145,8 @@ def run(k: int, args: argparse.Namespace, wl: Workload, work: Path,
         ensure_topics(conn, PARTITIONS, topics=ALL_TOPICS)
         ensure_topics(conn, SHARD_PARTITIONS, topics=STAGE1_TOPICS)
         with KafkaPublisher(conn, max_message_bytes=16 * 2**20) as kafka:
-            pub = ShardingPublisher(kafka, args.shard_ranks)
+            placing = KeyHashed(kafka) if placement == "hashed" else kafka
+            pub = ShardingPublisher(placing, args.shard_ranks, partitions=SHARD_PARTITIONS)
             for topic, key, value, _ts in wl.events(args.steps):
                 pub.publish(topic, key, value)
                 kafka.poll(0)
@@ -131,12 +162,15 @@ def run(k: int, args: argparse.Namespace, wl: Workload, work: Path,
                 shards.append(child)
                 groups.append(_limit(child.pid, args.cpu_each, f"flare-bench-{uuid.uuid4().hex}"))
             cpu0, t_cpu0 = _cpu_s(worker.process.pid), time.monotonic()
-            first = last = None
+            first = last = joined = None
+            spread: list[int] = []
             killed = False
             deadline = time.monotonic() + 1800
             while time.monotonic() < deadline:
                 done = worker.stats()["reports"]
                 now = time.monotonic()
+                if joined is None and all(_held(c.log()) for c in shards):
+                    joined = now  # every stage-1 worker holds partitions: the drain is on
                 if done >= 1 and first is None:
                     first = (now, done)
                 if kill_one and not killed and done >= args.steps // 3:
@@ -144,6 +178,8 @@ def run(k: int, args: argparse.Namespace, wl: Workload, work: Path,
                     killed = True
                 if done >= args.steps:
                     last = (now, done)
+                    spread = [_shards_held(_held(c.log()), wl.job, placement, args)
+                              for c in shards]
                     break
                 time.sleep(POLL_S)
             if first is None or last is None:
@@ -164,11 +200,33 @@ def run(k: int, args: argparse.Namespace, wl: Workload, work: Path,
             for g in groups:
                 g.rmdir()
     steps_s = (last[0] - first[0]) / max(1, last[1] - first[1])
+    drain_s = last[0] - (joined or t_cpu0)
     complete = sum(1 for _step, n, miss in rows if n == args.gpus and miss == 0)
     return {"s_per_step": steps_s, "rank_steps_per_s": args.gpus / steps_s,
+            "drain_s": drain_s, "drain_rank_steps_per_s": args.gpus * args.steps / drain_s,
+            "first_after_s": first[0] - (joined or t_cpu0),
             "job_worker_cores": job_cores,
             "stored": len(rows), "complete": complete, "killed": float(killed),
-            "incidents": incidents}
+            "incidents": incidents, "shards_held": spread}
+
+
+def _held(log: str) -> set[int]:
+    """The partitions a stage-1 worker holds now, by its log's last word on them."""
+    said = [ln for ln in log.splitlines() if "partitions" in ln]
+    if not said:
+        return set()
+    return {int(p) for p in said[-1].rsplit("[", 1)[1].rstrip("] \n").split(",") if p.strip()}
+
+
+def _shards_held(held: set[int], job: str, placement: str, args: argparse.Namespace) -> int:
+    """How many of the job's shards a stage-1 worker holding partitions `held` reads, by
+    where the producers placed each shard."""
+    n_shards = -(-args.gpus // args.shard_ranks)
+    return sum(_partition_of(job, s, placement) in held for s in range(n_shards))
+
+
+def _ratio(run: dict[str, object], base: dict[str, object], field: str) -> float:
+    return float(run[field]) / float(base[field])  # type: ignore[arg-type]
 
 
 def main() -> None:
@@ -179,11 +237,15 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--cpu-each", type=float, default=0.2)
     ap.add_argument("--kill-one", action="store_true")
+    ap.add_argument("--placement", default="even", help="where producers put a job's shards, "
+                    "one run each: even (shard s on partition (h(job) + s) mod n, as Flare's "
+                    "producers do) and/or hashed (the key's murmur2, as they did before)")
     ap.add_argument("--fault", default="", help="FAMILY:SEVERITY in every step; the incidents "
                     "are then compared with one process's")
     args = ap.parse_args()
     print(header())
     ks = [int(x) for x in args.workers.split(",")]
+    placements = args.placement.split(",")
     print(f"load: {args.gpus} GPUs, {args.steps} steps of ~830 ops per rank, shards of "
           f"{args.shard_ranks} ranks; each stage-1 worker held to {args.cpu_each} of a core")
     wl = build_workload(args.gpus, 3, 10.0, 16, 12, False, 0, _fault(args.fault))
@@ -195,19 +257,26 @@ def main() -> None:
     gc.freeze()
     work = Path(tempfile.mkdtemp(prefix="flare-split-"))
     try:
-        out = {k: run(k, args, wl, work, args.kill_one and k == max(ks)) for k in ks}
+        out = {(k, pl): run(k, pl, args, wl, work, args.kill_one and k == max(ks))
+               for k in ks for pl in placements}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    base = out[ks[0]]["rank_steps_per_s"]
+    base = out[ks[0], placements[0]]
     print(f"\none process's incidents: {sorted(want)}")
-    print("\n| stage-1 workers (cores) | s per step | rank-steps/s | × first | job's worker, "
-          "cores used | steps stored / complete | incidents as one process's |")
-    print("|---|---:|---:|---:|---:|---:|---|")
-    for k in ks:
-        r = out[k]
+    print("\n| stage-1 workers (cores) | placement | shards held, each | whole drain: s, "
+          "rank-steps/s, × first | first step after | first to last step: s per step, "
+          "rank-steps/s, × first | job's worker, cores used | steps stored / complete | "
+          "incidents as one process's |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for (k, pl), r in out.items():
         note = " (one killed)" if r["killed"] else ""
-        print(f"| {k} ({k * args.cpu_each:.1f}){note} | {r['s_per_step']:.2f} | "
-              f"{r['rank_steps_per_s']:.0f} | {r['rank_steps_per_s'] / base:.2f} | "
+        held = ", ".join(str(n) for n in r["shards_held"])  # type: ignore[attr-defined]
+        print(f"| {k} ({k * args.cpu_each:.1f}){note} | {pl} | {held} | {r['drain_s']:.1f} | "
+              f"{r['drain_rank_steps_per_s']:.0f} | "
+              f"{_ratio(r, base, 'drain_rank_steps_per_s'):.2f} | "
+              f"{r['first_after_s']:.1f} s | {r['s_per_step']:.2f} | "
+              f"{r['rank_steps_per_s']:.0f} | "
+              f"{_ratio(r, base, 'rank_steps_per_s'):.2f} | "
               f"{r['job_worker_cores']:.2f} | {r['stored']:.0f} / {r['complete']:.0f} | "
               f"{'same' if r['incidents'] == want else r['incidents']} |")
 

@@ -30,7 +30,7 @@ import orjson
 
 from schemas import topics
 from schemas.kafka import KafkaConnection
-from schemas.shard_key import shard_key
+from schemas.shard_key import shard_key, shard_partition
 
 Message = tuple[str, bytes, bytes]
 """(topic, key, value) of one encoded message, as the node agent queues it."""
@@ -52,6 +52,14 @@ class Publisher(Protocol):
     def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None: ...
 
     def flush(self, timeout_s: float = ...) -> Any: ...
+
+
+class PlacingPublisher(Publisher, Protocol):
+    """A publisher that can be told the partition of a message (`KafkaPublisher`, and the
+    fake), which `ShardingPublisher` needs to spread a job's shards evenly."""
+
+    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any],
+                partition: int | None = None) -> None: ...
 
 
 class TeePublisher:
@@ -81,14 +89,19 @@ _rank_of = msgspec.json.Decoder(_RankOf).decode
 class ShardingPublisher:
     """Publishes ranks' step messages for a job split across workers (issue #17): each goes
     to `flare.shardsteps.v1` keyed `<job>/<shard>` (`schemas.shard_key`) instead of
-    `flare.steps.v1` keyed by job; heartbeats and job events pass unchanged, since stage 2
-    (the job's worker) reads them. A value handed over as bytes is read for its rank."""
+    `flare.steps.v1` keyed by job, on the shard's own partition of the topic's `partitions`
+    (`shard_partition`: a job's shards spread evenly, so stage-1 workers share them
+    evenly); heartbeats and job events pass unchanged, since stage 2 (the job's worker) reads
+    them. A value handed over as bytes is read for its rank."""
 
-    def __init__(self, inner: Publisher, shard_ranks: int) -> None:
+    def __init__(self, inner: PlacingPublisher, shard_ranks: int, *, partitions: int) -> None:
         if shard_ranks < 1:
             raise ValueError(f"shard_ranks must be >= 1, got {shard_ranks}")
+        if partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {partitions}")
         self.inner = inner
         self.shard_ranks = shard_ranks
+        self.partitions = partitions
 
     def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None:
         if topic != topics.STEPS:
@@ -96,8 +109,10 @@ class ShardingPublisher:
             return
         job = key.decode("utf-8") if isinstance(key, bytes) else key
         rank = _rank_of(value).rank if isinstance(value, bytes) else int(value["rank"])
+        shard = rank // self.shard_ranks
         self.inner.publish(topics.SHARD_STEPS,
-                           shard_key(job, rank=rank, shard_ranks=self.shard_ranks), value)
+                           shard_key(job, rank=rank, shard_ranks=self.shard_ranks), value,
+                           partition=shard_partition(job, shard, partitions=self.partitions))
 
     def flush(self, timeout_s: float = 30.0) -> Any:
         return self.inner.flush(timeout_s)
@@ -109,19 +124,23 @@ class ShardingPublisher:
             poll(timeout_s)
 
 
-P = TypeVar("P", bound=Publisher)
+P = TypeVar("P", bound=PlacingPublisher)
 
 
-def sharded(publisher: P, shard_ranks: int) -> P | ShardingPublisher:
-    """`publisher` for jobs split into shards of `shard_ranks` (0: not split, as it is)."""
-    return ShardingPublisher(publisher, shard_ranks) if shard_ranks else publisher
+def sharded(publisher: P, shard_ranks: int, *, partitions: int) -> P | ShardingPublisher:
+    """`publisher` for jobs split into shards of `shard_ranks` over the shard topic's
+    `partitions` (shard_ranks 0: not split, the publisher as it is)."""
+    if not shard_ranks:
+        return publisher
+    return ShardingPublisher(publisher, shard_ranks, partitions=partitions)
 
 
 class KafkaProducerLike(Protocol):
     """The part of `confluent_kafka.Producer` we use (so tests can pass a spec'd fake)."""
 
     def produce(self, topic: str, value: bytes | None = ..., key: bytes | None = ...,
-                on_delivery: Callable[[Any, Any], None] | None = ...) -> None: ...
+                on_delivery: Callable[[Any, Any], None] | None = ...,
+                partition: int = ...) -> None: ...
 
     def poll(self, timeout: float = ...) -> int: ...
 
@@ -212,13 +231,20 @@ class KafkaPublisher:
             if not self.stats.first_error:
                 self.stats.first_error = str(err)
 
-    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None:
-        """Queue one message; blocks (serving delivery reports) while the local queue is full."""
+    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any],
+                partition: int | None = None) -> None:
+        """Queue one message, on `partition` or where its key hashes (None); blocks (serving
+        delivery reports) while the local queue is full. A partition the topic does not have
+        fails its delivery (counted, and raised by `flush()`)."""
         k = encode_key(key)
         v = encode_value(value)
         while True:
             try:
-                self._producer.produce(topic, value=v, key=k, on_delivery=self._on_delivery)
+                if partition is None:
+                    self._producer.produce(topic, value=v, key=k, on_delivery=self._on_delivery)
+                else:
+                    self._producer.produce(topic, value=v, key=k, on_delivery=self._on_delivery,
+                                           partition=partition)
                 break
             except BufferError:
                 self._producer.poll(0.05)

@@ -17,18 +17,22 @@ from producers.publisher import Message
 
 
 class MemoryPublisher:
-    """A `Publisher` that appends every message to `messages` (thread-safe)."""
+    """A `Publisher` that appends every message to `messages` and the partition it was
+    given (None: its key's) to `partitions` (thread-safe)."""
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
+        self.partitions: list[int | None] = []
         self.flushes = 0
         self._lock = threading.Lock()
 
-    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None:
+    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any],
+                partition: int | None = None) -> None:
         k = key if isinstance(key, bytes) else key.encode()
         v = value if isinstance(value, bytes) else orjson.dumps(value)
         with self._lock:
             self.messages.append((topic, k, v))
+            self.partitions.append(partition)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         self.flushes += 1

@@ -5,8 +5,18 @@ shard is `rank // shard_ranks`: Kafka then spreads one job's shards over partiti
 1 can run on as many workers as there are partitions, while every message of one shard still
 meets on one of them. Producers and stage 1 agree on `shard_ranks` (`FLARE_SHARD_RANKS`).
 
+Producers place shard `s` of a job on partition `(h(job) + s) mod n` (`shard_partition`), not
+where its key hashes: 16 keys hashed onto 8 partitions seldom land two each, and a step waits
+for the stage-1 worker holding the most shards (over 200 job ids, 4 workers bounded at a
+median 2.67x of one, BENCHMARKS.md). Consecutive shards on consecutive partitions hold
+every partition within one shard of the others. `h` is CRC-32, the same in every producer;
+`n` is the topic's partition count (`FLARE_SHARD_PARTITIONS`), which every producer must
+share, as they shared the key hash.
+
 >>> shard_key("job-7", rank=70, shard_ranks=64)
 'job-7/1'
+>>> [shard_partition("job-7", shard, partitions=8) for shard in range(10)]
+[2, 3, 4, 5, 6, 7, 0, 1, 2, 3]
 >>> shard_of_key(b"job/with/slashes/3")
 ('job/with/slashes', 3)
 >>> shard_of_key(b"job-7")
@@ -17,12 +27,19 @@ schemas.errors.InvalidMessage: $key: 'job-7' is not <job>/<shard>
 
 from __future__ import annotations
 
+import zlib
+
 from schemas.errors import InvalidMessage
 
 
 def shard_key(job: str, *, rank: int, shard_ranks: int) -> str:
     """The key of `rank`'s step messages."""
     return f"{job}/{rank // shard_ranks}"
+
+
+def shard_partition(job: str, shard: int, *, partitions: int) -> int:
+    """The partition of `flare.shardsteps.v1` that carries `shard` of `job`."""
+    return (zlib.crc32(job.encode("utf-8")) + shard) % partitions
 
 
 def shard_of_key(key: bytes | None) -> tuple[str, int]:

@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
             # flare.steps.v1, which `flare diagnose` and `flare replay` read
             publisher = sharded(KafkaPublisher(settings.kafka_connection(),
                                                max_message_bytes=settings.max_message_bytes),
-                                settings.shard_ranks)
+                                settings.shard_ranks, partitions=settings.shard_partitions)
             if record is not None:
                 try:
                     copy = open(record, "ab")  # noqa: SIM115 - open for the agent's life

@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         from producers.publisher import KafkaPublisher, PublishError, sharded
         from producers.recording import RecordingError, recording_events, write_events
         from schemas.topics import STAGE1_TOPICS
-        from streams.kafka.topics import TopicError, ensure_topics
+        from streams.kafka.topics import TopicError, check_shard_partitions, ensure_topics
 
         if (recording is None) == (not kineto):
             typer.echo("error: give a recording or --kineto DIR (not both)", err=True)
@@ -73,9 +73,12 @@ def register(app: typer.Typer) -> None:
             if create_topics:
                 ensure_topics(conn, settings.partitions)
                 if settings.shard_ranks:
-                    ensure_topics(conn, settings.shard_partitions, topics=STAGE1_TOPICS)
+                    check_shard_partitions(
+                        ensure_topics(conn, settings.shard_partitions, topics=STAGE1_TOPICS),
+                        settings.shard_partitions)
             publisher = KafkaPublisher(conn)
-            summary = publish_events(events, sharded(publisher, settings.shard_ranks), speed)
+            summary = publish_events(events, sharded(publisher, settings.shard_ranks,
+                                                     partitions=settings.shard_partitions), speed)
             stats = publisher.flush()
         except RecordingError as exc:
             sent = publisher.flush().delivered if publisher is not None else 0

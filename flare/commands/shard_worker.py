@@ -26,7 +26,7 @@ def run(settings: Settings, *, quiet: bool = True) -> int:
     from flare.local.broker import wait_for_broker
     from schemas.topics import ALL_TOPICS, STAGE1_TOPICS
     from streams.kafka.shard_worker import ShardWorker, ShardWorkerConfig
-    from streams.kafka.topics import ensure_topics
+    from streams.kafka.topics import check_shard_partitions, ensure_topics
     from streams.shard_stage import ShardStage
 
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
@@ -34,7 +34,8 @@ def run(settings: Settings, *, quiet: bool = True) -> int:
     conn = settings.kafka_connection()
     wait_for_broker(conn, timeout_s=settings.broker_wait_s)
     ensure_topics(conn, settings.partitions, topics=ALL_TOPICS)
-    ensure_topics(conn, settings.shard_partitions, topics=STAGE1_TOPICS)
+    check_shard_partitions(ensure_topics(conn, settings.shard_partitions, topics=STAGE1_TOPICS),
+                           settings.shard_partitions)
     detect = DetectorSettings()
     stage = ShardStage(max_message_bytes=settings.max_message_bytes, now_ns=time.time_ns,
                        shard_ranks=settings.shard_ranks, grace_s=detect.grace_s,

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from schemas.kafka import KafkaConnection
-from schemas.topics import ALL_TOPICS
+from schemas.topics import ALL_TOPICS, SHARD_STEPS
 
 
 class TopicError(RuntimeError):
@@ -84,3 +84,16 @@ def ensure_topics(
         raise TopicError(f"topics {absent} do not show up in the broker's metadata")
     check_copartitioned(counts, names)
     return counts
+
+
+def check_shard_partitions(counts: Mapping[str, int], configured: int) -> None:
+    """TopicError unless `flare.shardsteps.v1` has the `configured` partition count
+    (`FLARE_SHARD_PARTITIONS`): producers place shard s of a job on partition (h(job) + s)
+    mod that count (`schemas.shard_key.shard_partition`), so a topic with more partitions
+    would leave some idle and one with fewer would refuse the shards placed past its end."""
+    actual = counts.get(SHARD_STEPS)
+    if actual is not None and actual != configured:
+        raise TopicError(
+            f"{SHARD_STEPS} has {actual} partitions but FLARE_SHARD_PARTITIONS is {configured}: "
+            "producers place a job's shards by that setting, so it must be the topic's count"
+        )

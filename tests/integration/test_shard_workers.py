@@ -13,12 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from aiokafka.partitioner import murmur2
 
 from flare.local import processes
 from flare.local.broker import TansuBroker
 from flare.local.processes import Child, flare_argv
-from schemas.shard_key import shard_key
 from schemas.topics import PARTIALS, STAGE1_TOPICS, STEPS
 from streams.kafka.topics import ensure_topics
 from tests.integration.conftest import PARTITIONS, ROOT, WorkerProcess, unique, wait_for
@@ -42,20 +40,11 @@ def _count(log: str, what: str) -> int:
     return int(words[words.index(what) - 1])
 
 
-def _job_on_both_halves() -> str:
-    """A job id whose 4 shards' keys hash to both halves of the stage-1 partitions: the
-    group's range assignor gives each of two workers one half, so each reads a shard."""
-    while True:
-        job = unique("split")
-        parts = {(murmur2(shard_key(job, rank=r, shard_ranks=SHARD_RANKS).encode())
-                  & 0x7FFFFFFF) % SHARD_PARTITIONS for r in range(0, 32, SHARD_RANKS)}
-        if parts & {0, 1} and parts & {2, 3}:
-            return job
-
-
 def test_two_shard_workers_and_a_job_worker_give_the_incidents_of_one_process(
         broker: TansuBroker, start_worker: Callable[..., WorkerProcess], tmp_path: Path) -> None:
-    job = _job_on_both_halves()
+    # 4 shards on 4 partitions, one each (the producer places them): whatever the job id,
+    # each of the two workers the group's assignor gives two partitions reads two shards
+    job = unique("split")
     rec = simulate(tmp_path / "run.jsonl", job, gpus=32, steps=50)
     want = offline([rec])
     assert any(i.kind != "job" for i in want.values()), "the scenario must find its fault"
@@ -71,7 +60,8 @@ def test_two_shard_workers_and_a_job_worker_give_the_incidents_of_one_process(
         wait_for(lambda: all(_assigned(s) for s in shards), 60,
                  "both stage-1 workers to hold partitions")
         env = {**processes.with_kafka(os.environ, broker.connection),
-               "FLARE_SHARD_RANKS": str(SHARD_RANKS)}
+               "FLARE_SHARD_RANKS": str(SHARD_RANKS),
+               "FLARE_SHARD_PARTITIONS": str(SHARD_PARTITIONS)}
         # paced (the recording's 25 s in about 6 s): stage-1 workers drain a backlog at their
         # own rates, and one further behind than the job's worker holds steps for reads its
         # shards' ranks as missing (detectors/shard_merge.py, MAX_PENDING)
@@ -97,3 +87,21 @@ def test_two_shard_workers_and_a_job_worker_give_the_incidents_of_one_process(
     assert all((tmp_path / f"alive-{n}").is_file() for n in "ab"), "the loops beat"
     assert sum(_count(log, "dead") for log in logs) == 0
     assert worker.alive()
+
+
+def test_a_producer_refuses_a_shard_topic_whose_count_it_does_not_place_by(
+        broker: TansuBroker, tmp_path: Path) -> None:
+    """Shards are placed by FLARE_SHARD_PARTITIONS: a topic with another count would idle
+    partitions or refuse shards placed past its end, so `flare replay` says so and exits 2."""
+    ensure_topics(broker.connection, SHARD_PARTITIONS, topics=STAGE1_TOPICS)
+    rec = simulate(tmp_path / "run.jsonl", unique("split-count"), gpus=8, steps=30)
+    env = {**processes.with_kafka(os.environ, broker.connection),
+           "FLARE_SHARD_RANKS": str(SHARD_RANKS),
+           "FLARE_SHARD_PARTITIONS": str(2 * SHARD_PARTITIONS)}
+    result = subprocess.run(flare_argv("replay", str(rec)), cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: flare.shardsteps.v1 has {SHARD_PARTITIONS} partitions but "
+        f"FLARE_SHARD_PARTITIONS is {2 * SHARD_PARTITIONS}: producers place a job's shards "
+        "by that setting, so it must be the topic's count"]

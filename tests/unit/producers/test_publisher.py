@@ -18,6 +18,7 @@ class FakeProducer:
                  fail: set[int] | None = None) -> None:
         self.conf = conf
         self.sent: list[tuple[str, bytes, bytes]] = []
+        self.partitions: list[int | None] = []
         self.pending: list[Any] = []
         self.polls = 0
         self.closed = False
@@ -25,12 +26,13 @@ class FakeProducer:
         self._fail = fail or set()
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
-                on_delivery: Any = None) -> None:
+                on_delivery: Any = None, partition: int | None = None) -> None:
         if self._full:
             self._full -= 1
             raise BufferError("queue full")
         assert value is not None and key is not None
         self.sent.append((topic, key, value))
+        self.partitions.append(partition)
         self.pending.append((len(self.sent) - 1, on_delivery))
 
     def _deliver(self) -> None:
@@ -98,6 +100,15 @@ def test_publish_keys_by_job_and_encodes_dicts() -> None:
     assert orjson.loads(fake.sent[0][2]) == {"v": 1, "job": "job-1"}
     assert fake.sent[1][2] == b'{"raw":true}'
     assert stats.delivered == 2 and stats.failed == 0
+    assert fake.partitions == [None, None], "the key's partition: the client's partitioner"
+
+
+def test_a_partition_given_reaches_the_client() -> None:
+    pub, fake = make()
+    pub.publish("flare.shardsteps.v1", "job-1/3", {"v": 1}, partition=5)
+    pub.publish("flare.shardsteps.v1", "job-1/0", {"v": 1}, partition=0)
+    pub.flush()
+    assert fake.partitions == [5, 0]
 
 
 def test_leaving_the_context_flushes_then_closes() -> None:
