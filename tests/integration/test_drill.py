@@ -5,10 +5,10 @@ tensor-, pipeline- and data-parallel transformer on 4 of them through the hook a
 per node, publishing to a tansu broker in the run's hub namespace over the node's NIC,
 injects the fault with the kernel's own mechanisms (a cgroup CPU quota, a tbf rate limit on
 the node's NIC, the cgroup freezer, SIGKILL) and diagnoses what the broker received with the
-worker's detectors. One drill traces one rank per node only (`--traced tp0`), with the fault
-on a rank that is not traced; it runs in the slow tier (`pytest -m slow`), and its
-recordings' diagnosis is in the default run (`test_drill_recordings.py`). Namespaces,
-cgroups and qdiscs need root; without it the tests skip.
+worker's detectors. Two run in the slow tier (`pytest -m slow`), their recordings'
+diagnosis in the default run (`test_drill_recordings.py`): a flapping NIC, and a drill that
+traces one rank per node only (`--traced tp0`), with the fault on a rank that is not traced.
+Namespaces, cgroups and qdiscs need root; without it the tests skip.
 """
 
 from __future__ import annotations
@@ -40,17 +40,20 @@ SHORT = {"steps_before": 15, "steps_after": 15}
 
 # a slowed rank is named within 3 steps (ACCURACY.md): 8 steps are enough (and each of them
 # is long: the rank has a tenth of a core); a held NIC in the step it starts or the one
-# before: 5 steps (each ×7); a flapping one at its first or second burst (10 of 10
-# live, latency 12 steps at most), and its bursts come every 6 steps or so
-# the last: one rank per node traced (as production tracers often record), and the killed
-# rank is not one of them: its node is named, from the layout the traced ranks' hook sent
+# before: 5 steps (each ×7)
+# in the slow tier (the default run sits near CI's 20-minute budget; the recordings of both
+# are diagnosed in the default run, test_drill_recordings.py):
+# - a flapping NIC, at its first or second burst (10 of 10 live, latency 12 steps at most);
+#   its bursts come every 6 steps or so, and 30 steps give it five: on a machine slowed by
+#   other work, 20 steps once showed only a job-wide shift (CI, 2026-11-28);
+# - one rank per node traced (as production tracers often record), and the killed rank is
+#   not one of them: its node is named, from the layout the traced ranks' hook sent
 @pytest.mark.parametrize(("fault", "seed", "after", "traced"), [
     ("slow-rank", 1, 8, "all"),
     ("nic", 1, 5, "all"),
-    ("flapping-nic", 200, 20, "all"),
     ("freeze", 2, 20, "all"),
     ("kill", 3, 20, "all"),
-    # the default run sits near CI's 20-minute budget: this one is in the slow tier
+    pytest.param("flapping-nic", 200, 30, "all", marks=pytest.mark.slow),
     pytest.param("kill", 101, 20, "tp0", marks=pytest.mark.slow),
 ])
 def test_a_real_fault_is_named_with_its_culprit_and_kind(tmp_path: Path, fault: str, seed: int,
