@@ -78,6 +78,11 @@ _MIN_PEERS = 3  # groups of one kind on one stage to compare with
 # jitter far more than a group's waits (as `host_suspects` floors a traced rank's)
 _STALL_SIGMA_FLOOR = 0.01
 _RATE_WEIGHT = 0.25  # weight of the latest step in a group's recent stall and slow rates
+# a group's extra total wait over what its typical instance's rise accounts for, past which
+# a stall explains it rather than a slow member (`_lump`): a slow GPU raises every instance
+# alike (0.8-1.0 in the simulator's untraced slow GPUs), a stall whose process also drives
+# its slowed sends raised the typical instance by 20% and the total 20-60 times as much
+_LUMP_RATIO = 4.0
 # σ floor of the log share of the traced ranks' step spent waiting on a dark node: those
 # waits follow the dark stage's data and schedule, far noisier than a group's least wait
 _DARK_SIGMA_FLOOR = 0.02
@@ -299,7 +304,7 @@ def _group_suspects(
     # the usual level of every measured group, fully traced ones included: they are what a
     # job-wide change is measured on when every partially traced group waits on one node
     all_own, all_z_total = history.change(all_names, all_log_wait, _SIGMA_FLOOR)
-    _, z_typical = history.change(typical_names, all_log_typical, _SIGMA_FLOOR)
+    typical_own, z_typical = history.change(typical_names, all_log_typical, _SIGMA_FLOOR)
     all_z_own = np.fmin(all_z_total, z_typical)
     sel = np.flatnonzero(partial[p_group[rep]])
     rep = rep[sel]
@@ -339,7 +344,9 @@ def _group_suspects(
     lone = ~enough & np.isfinite(all_own[sel])
     ref = np.where(lone, g_wait * np.exp(-np.where(lone, all_own[sel], 0.0)), ref)
     z_stall = _stall_z(feats, g_wait, ref, np.where(lone, z_total, z_peer), z_total, noise)
-    z_stall = np.where(local & ~upstream & (z < Z_REPORT), z_stall, 0.0)
+    lump = _lump(g_wait - ref, all_log_typical[sel], typical_own[sel])
+    z_stall = np.where(local & ~upstream & ((z < Z_REPORT) | lump), z_stall, 0.0)
+    z = np.where(lump & (z_stall >= Z_REPORT), 0.0, z)
     if (z[lone] >= Z_REPORT).any():
         # a slow GPU judged alone holds its data-parallel peers' groups once per step,
         # which is what a stall looks like: it explains them
@@ -503,6 +510,22 @@ def _stall_z(
     share = (wait - ref) / step_s
     z_share = share / noise.sigma("untraced_stall", share, _STALL_SIGMA_FLOOR)
     return np.minimum(np.minimum(z_share, z_peer), z_total)
+
+
+def _lump(excess: np.ndarray, log_typical: np.ndarray, typical_own: np.ndarray) -> np.ndarray:
+    """(N,) bool per group (its extra total wait `excess` s, its typical instance's log
+    total now and log change from its usual level): the total rose far more than the
+    typical instance's rise accounts for (`_LUMP_RATIO`).
+
+    Then one lump per step explains the wait, even when the typical instance rose
+    significantly too: a stalled process whose sends it drives itself (gloo, NCCL's proxy)
+    also makes its group wait a little at every collective after a transfer, and that alone
+    read the stall as a slow member. A slow member raises every instance alike, so its
+    total rises about as its typical instance does. Too little history: no lump."""
+    typical_now = np.exp(log_typical)
+    with np.errstate(invalid="ignore"):
+        typical_excess = typical_now * -np.expm1(-typical_own)
+        return np.isfinite(typical_own) & (excess > _LUMP_RATIO * np.maximum(typical_excess, 0.0))
 
 
 def _stall_origins(

@@ -243,12 +243,12 @@ def test_a_node_blamed_whole_or_a_slow_network_is_the_explanation_instead():
 
 
 def _stall_frame(step: int, stalls: dict[tuple[int, int], float], replicas: int = 4,
-                 every: bool = False):
+                 every: bool = False, rest: dict[tuple[int, int], float] | None = None):
     """Two pipeline stages × four data replicas (or `replicas`), a tp group of 4 per (stage,
     replica) on a node of its own, only tp rank 0 traced. Each traced rank computes 10 ms
     and all-reduces on its tp group four times a step; `stalls` maps (pp, dp) to a wait of
     that many ms at one of the four all-reduces (which one moves with the step; `every`: at
-    all four, a slow member), the others wait 1 ms."""
+    all four, a slow member), the others wait 1 ms (`rest`: that group's other three)."""
     msgs = []
     for pp in range(2):
         for dp in range(replicas):
@@ -256,7 +256,8 @@ def _stall_frame(step: int, stalls: dict[tuple[int, int], float], replicas: int 
             stalled = (step + dp) % 4
             for k in range(4):
                 hit = every or k == stalled
-                wait = stalls.get((pp, dp), 1.0) if hit else 1.0 + 0.01 * dp
+                usual = (rest or {}).get((pp, dp), 1.0 + 0.01 * dp)
+                wait = stalls.get((pp, dp), 1.0) if hit else usual
                 ops += [("compute", "fwd", "", k, t, 10.0, 0),
                         ("coll", "all_reduce", f"tp.{pp}-{dp}", k, t + 10.0, wait, 1 << 20)]
                 t += 10.0 + wait
@@ -265,10 +266,11 @@ def _stall_frame(step: int, stalls: dict[tuple[int, int], float], replicas: int 
     return frame_of(msgs)
 
 
-def _stall_suspects(stalls_of_step, steps: int = 14, replicas: int = 4, every: bool = False):
+def _stall_suspects(stalls_of_step, steps: int = 14, replicas: int = 4, every: bool = False,
+                    rest: dict[tuple[int, int], float] | None = None):
     topo = Topology(group_size={"tp": 4}, world=8 * replicas)
     frames = [_stall_frame(s, {}, replicas) for s in range(6)]
-    frames += [_stall_frame(s, stalls_of_step(s), replicas, every)
+    frames += [_stall_frame(s, stalls_of_step(s), replicas, every, rest)
                for s in range(6, 6 + steps)]
     return _judge(frames, topo)
 
@@ -277,6 +279,16 @@ def test_an_untraced_member_that_stalls_once_per_step_names_its_nodes_host():
     # one of four all-reduces waits 12 ms for an untraced member: the group's total wait
     # rises while its typical all-reduce does not (a GC pause, a late loader, not a slow GPU)
     assert _stall_suspects(lambda s: {(1, 2): 12.0}) == [("node:n12", "host")]
+
+
+def test_a_stall_whose_other_collectives_wait_a_little_too_is_still_its_hosts():
+    """A stalled process that drives its own sends (gloo, NCCL's proxy) also makes its
+    group wait a little at every other collective: the typical all-reduce rises ×1.5,
+    significantly, but the lump is 20 times what that rise accounts for. It read as a slow
+    member (`gpu`) in 8 of 24 simulated untraced stalls under `cpu_sends`."""
+    assert _stall_suspects(lambda s: {(1, 2): 12.0}, rest={(1, 2): 1.5}) == [("node:n12", "host")]
+    # a slow member raises every instance alike: the total rises as the typical does
+    assert _stall_suspects(lambda s: {(1, 2): 4.0}, every=True) == [("node:n12", "gpu")]
 
 
 def test_a_wait_that_triples_but_costs_a_sliver_of_the_step_is_no_stall():
