@@ -309,7 +309,9 @@ def test_a_worker_joining_mid_stream_changes_nothing_in_the_results(
     rebuilds their state from history), the others stay (re-delivered records skipped);
     every job's incidents are still exactly the offline ones."""
     jobs = jobs_on_distinct_partitions("mid", PARTITIONS)
-    recs = [simulate(tmp_path / f"{j}.jsonl", j, gpus=16, steps=40, onset=12, seed=i)
+    # 60 steps stream for about a minute: on a loaded machine the second worker took long
+    # enough to start that 40 had all been sent before it joined (CI, 2026-11-29)
+    recs = [simulate(tmp_path / f"{j}.jsonl", j, gpus=16, steps=60, onset=12, seed=i)
             for i, j in enumerate(jobs)]
     want = offline(recs)
     lines = [(message_ts_ns(orjson.loads(line)["value"], 0), line)
