@@ -5,10 +5,11 @@ tensor-, pipeline- and data-parallel transformer on 4 of them through the hook a
 per node, publishing to a tansu broker in the run's hub namespace over the node's NIC,
 injects the fault with the kernel's own mechanisms (a cgroup CPU quota, a tbf rate limit on
 the node's NIC, the cgroup freezer, SIGKILL) and diagnoses what the broker received with the
-worker's detectors. Three run in the slow tier (`pytest -m slow`), their recordings'
-diagnosis in the default run (`test_drill_recordings.py`): a killed rank, a flapping NIC,
-and a drill that traces one rank per node only (`--traced tp0`), with the fault on a rank
-that is not traced. Namespaces, cgroups and qdiscs need root; without it the tests skip.
+worker's detectors. Four run in the slow tier (`pytest -m slow`), the first three's
+recordings' diagnosis in the default run (`test_drill_recordings.py`): a killed rank, a
+flapping NIC, a drill that traces one rank per node only (`--traced tp0`), with the fault on
+a rank that is not traced, and a clean drill. Namespaces, cgroups and qdiscs need root;
+without it the tests skip.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from flare.drill.run import DrillSpec, run_drill
 pytest.importorskip("torch")
 pytestmark = [
     pytest.mark.torch,
+    pytest.mark.timed,
     pytest.mark.skipif(os.geteuid() != 0, reason="namespaces, cgroups and tc need root"),
     pytest.mark.skipif(shutil.which("ip") is None or shutil.which("tc") is None,
                        reason="iproute2 (ip, tc) is not installed"),
@@ -90,6 +92,9 @@ def test_a_real_fault_is_named_with_its_culprit_and_kind(tmp_path: Path, fault: 
                                    for f in g.frames) for g in waiting), waiting
 
 
+# slow tier: every drill above asserts no false device incident over its 15 steps before the
+# fault too, and a healthy run through the hook and the worker is test_torch_e2e's
+@pytest.mark.slow
 def test_a_clean_drill_opens_no_device_incident_and_says_so_as_json(tmp_path: Path) -> None:
     out = CliRunner().invoke(app, [
         "drill", "--fault", "none", "--json", "--workdir", str(tmp_path),

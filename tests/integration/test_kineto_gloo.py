@@ -17,7 +17,7 @@ from producers.kineto.replay import kineto_to_events
 from schemas.decode import decode_job, decode_steps
 from schemas.rankstep import KIND_CODE
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.timed]  # a slowed rank's forward, its peers' wait
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -38,7 +38,7 @@ from tests.integration.torch_e2e_support import (  # noqa: E402 (imports torch)
     stop_all,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.torch]
+pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.timed]
 
 DEVICE_KINDS = {"gpu", "node", "host", "link", "switch", "hang"}
 HEARTBEAT_S = 0.2  # the daemon's heartbeat period and the ranks' in-flight table period
