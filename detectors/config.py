@@ -25,6 +25,9 @@ class DetectorConfig:
     hang_timeout_steps: float = 3.0  # ... which is this many baseline step times
     resolve_after: int = 10  # steps with the culprit not even a suspect before resolving
     ops_sample_every: int = 100  # keep raw ops of every Nth step
+    # ... of at most this many ops: past it, whole ranks, the named ones' nodes first
+    # (detectors/kept_ops.py)
+    keep_ops: int = 2_000_000
     # the what-if replays every evidence step of an incident up to this many ops per step;
     # a larger step every k-th (k = its ops / this), the steps between at its last estimate
     price_ops: int = 2_000_000

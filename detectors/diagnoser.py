@@ -46,6 +46,7 @@ from detectors.features import StepFeatures, step_features
 from detectors.hang import EXIT_GRACE, FIRST_STALL_TIMEOUTS, HangDetector, HangFinding
 from detectors.incidents import IncidentBook, OpenIncident
 from detectors.irregularity import LEVEL_STEPS, WARMUP, StepTimeBaseline
+from detectors.kept_ops import kept_frame
 from detectors.network_suspects import (
     Topology,
     burst_of,
@@ -545,7 +546,8 @@ class JobDiagnoser(Stateful):
                         cands.entity, cands.kind, cands.z, cands.excess_s, strict=True
                     )
                 ],
-                frame=frame if keep_ops else None,
+                frame=kept_frame(frame, cands.entity, self.config.keep_ops) if keep_ops
+                else None,
             )
         )
         return out

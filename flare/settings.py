@@ -6,7 +6,7 @@ environment deeper in the code.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -129,6 +129,11 @@ class Settings(BaseSettings):
         "(default http://<api_host>:<api_port>)"
     )
     alert_resend_s: float = Field(60.0, gt=0, description="re-send open alerts this often")
+    steps_encoding: Literal["v1", "v2"] = Field(
+        "v1", description="how producers send ranks' steps: v1 JSON on flare.steps.v1, or v2 "
+        "binary columns on flare.steps.v2 (about a third of the bytes; issue #17); the worker "
+        "reads both"
+    )
     shard_ranks: int = Field(
         0, ge=0, description="split each job's ranks into shards of this many (issue #17): "
         "producers key step messages by <job>/<shard> on flare.shardsteps.v1, `flare "

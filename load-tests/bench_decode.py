@@ -10,7 +10,11 @@ ranks of `--steps` consecutive steps are decoded:
 
 - old: `decode_steps` (msgspec to lists, numpy conversion, Python checks), per message;
 - new: `StepsDecoder.decode` (what the worker's router uses) once its cache holds the ranks
-  (steps after the first), and on the first step (cold: every rank a miss).
+  (steps after the first), and on the first step (cold: every rank a miss);
+- v2: the same steps as `flare.steps.v2` messages (`schemas/steps_v2.py`), decoded by
+  `StepsDecoder.decode_v2` once its string cache holds the ranks. The bytes per op of both
+  encodings are printed too, raw and as lz4 compresses each step's messages together (the
+  producers compress their batches with lz4).
 
 Old and new alternate round by round over the same messages, so machine noise hits both;
 the table gives the median over rounds of CPU µs per message and the best round (with an
@@ -27,6 +31,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import cramjam
 import msgspec
 import numpy as np
 import orjson
@@ -37,6 +42,7 @@ from producers.simulator.emit import steps_value
 from schemas.decode import decode_steps
 from schemas.frame import StepFrame
 from schemas.steps_decoder import StepsDecoder
+from schemas.steps_v2 import encode_steps_value
 from schemas.wire import StepsV1
 
 INT_COLS = ("seq", "start_ns", "dur_ns", "bytes")
@@ -51,17 +57,17 @@ def per_message_us(fn: Callable[[bytes], object], msgs: list[bytes]) -> float:
     return (time.process_time() - t0) / len(msgs) * 1e6
 
 
+def _same_step(a: object, b: object) -> bool:
+    """Equal steps, strings compared as sequences (one decoder keeps tuples, one lists)."""
+    return all(
+        list(x) == list(y) if f in ("name", "group") else
+        (x.dtype == y.dtype and np.array_equal(x, y)) if isinstance(x, np.ndarray) else x == y
+        for f in a.__slots__  # type: ignore[attr-defined]
+        for x, y in [(getattr(a, f), getattr(b, f))])
+
+
 def row(name: str, samples: list[float]) -> str:
     return f"| {name} | {statistics.median(samples):.1f} | {min(samples):.1f} |"
-
-
-def same(a: object, b: object) -> bool:
-    for f in a.__slots__:  # type: ignore[attr-defined]
-        x, y = getattr(a, f), getattr(b, f)
-        ok = (x.dtype == y.dtype and np.array_equal(x, y)) if isinstance(x, np.ndarray) else x == y
-        if not ok:
-            return False
-    return True
 
 
 def main() -> None:
@@ -84,13 +90,22 @@ def main() -> None:
     kb = statistics.mean(len(r) for r in first) / 1024
 
     check = StepsDecoder()
-    equal = all(same(check.decode(r), decode_steps(r)) for s in steps for r in s)
-    old_t, new_t, cold_t = [], [], []
+    equal = all(_same_step(check.decode(r), decode_steps(r)) for s in steps for r in s)
+    v2_steps = [[encode_steps_value(orjson.loads(r)) for r in s] for s in steps]
+    v2_warm = [raw for s in v2_steps[1:] for raw in s]
+    v2_equal = all(_same_step(StepsDecoder().decode_v2(b), decode_steps(a))
+                   for a, b in zip(warm, v2_warm, strict=True))
+    old_t, new_t, cold_t, v2_t = [], [], [], []
     for _ in range(args.rounds):
         old_t.append(per_message_us(decode_steps, warm))
         dec = StepsDecoder()
         cold_t.append(per_message_us(dec.decode, first))
         new_t.append(per_message_us(dec.decode, warm))
+        dec2 = StepsDecoder()
+        dec2.decode_v2(v2_steps[0][0])
+        for raw in v2_steps[0]:
+            dec2.decode_v2(raw)
+        v2_t.append(per_message_us(dec2.decode_v2, v2_warm))
 
     ops = [msgspec.json.decode(r, type=StepsV1).ops for r in warm[: args.ranks]]
     texts = [[bytes(r) for r in _raw_ints(raw)] for raw in warm[: args.ranks]]
@@ -122,8 +137,20 @@ def main() -> None:
     print(row("old: decode_steps", old_t))
     print(row("new: StepsDecoder, ranks cached (steady state)", new_t))
     print(row("new: StepsDecoder, first step (every rank a miss)", cold_t))
+    print(row("v2: StepsDecoder.decode_v2, ranks cached (steady state)", v2_t))
     speedup = statistics.median(old_t) / statistics.median(new_t)
-    print(f"\nspeed-up (steady state, medians): {speedup:.2f}×")
+    print(f"\nspeed-up (steady state, medians): {speedup:.2f}×; v2 against new: "
+          f"{statistics.median(new_t) / statistics.median(v2_t):.2f}×; v2 decoded equal to "
+          f"decode_steps of the same step: {v2_equal}")
+    total_ops = sum(len(msgspec.json.decode(r, type=StepsV1).ops.kind) for s in steps
+                    for r in s)
+    sizes = {name: (sum(len(r) for s in enc for r in s),
+                    sum(len(cramjam.lz4.compress(b"".join(s))) for s in enc))
+             for name, enc in (("v1 JSON", steps), ("v2 binary", v2_steps))}
+    print("\n| encoding | bytes per op | after lz4 (a step's messages together) |")
+    print("|---|---:|---:|")
+    for name, (raw_b, lz4_b) in sizes.items():
+        print(f"| {name} | {raw_b / total_ops:.1f} | {lz4_b / total_ops:.1f} |")
     print()
     print("| int columns of one message | median CPU µs | best round |")
     print("|---|---:|---:|")

@@ -59,7 +59,7 @@ from producers.live import publish_events
 from producers.publisher import KafkaPublisher, PublishError
 from producers.simulator import Fault
 from schemas.kafka import KafkaConnection
-from schemas.topics import HEARTBEATS, INPUT_TOPICS, STEPS
+from schemas.topics import HEARTBEATS, INPUT_TOPICS
 from streams.kafka.topics import ensure_topics
 
 PARTITIONS = 4
@@ -190,6 +190,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--profile-s", type=float, default=0.0, help="py-spy the worker this long")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="hard stop")
     ap.add_argument("--fault", default="", help="FAMILY:SEVERITY in every step")
+    ap.add_argument("--encoding", choices=("v1", "v2"), default="v1",
+                    help="steps as v1 JSON (flare.steps.v1) or v2 binary (flare.steps.v2)")
     ap.add_argument("--fetch-max-wait-ms", type=int, default=None,
                     help="the worker's fetch wait (FLARE_KAFKA_FETCH_MAX_WAIT_MS; default: "
                     "the setting's default)")
@@ -244,8 +246,9 @@ def run(args: argparse.Namespace, wl: Workload, steps: int) -> Outcome:
             while True:
                 s = take_sample(t0, worker, broker.pid, delivered)
                 samples.append(s)
-                print(f"  t={s.t:6.1f}s delivered={s.delivered.get(STEPS, 0):>8,} "
-                      f"taken={s.taken[STEPS]:>8,} steps stored={s.reports}", file=sys.stderr)
+                print(f"  t={s.t:6.1f}s delivered={s.delivered.get(wl.steps_topic, 0):>8,} "
+                      f"taken={s.taken[wl.steps_topic]:>8,} steps stored={s.reports}",
+                      file=sys.stderr)
                 if args.profile_s and spy is None and s.reports >= 2:
                     spy_at = s.t
                     spy = py_spy(worker.process.pid, args.profile_s, tmp / "spy.txt")
@@ -308,11 +311,12 @@ def main() -> None:
         family, _, severity = args.fault.partition(":")
         fault = Fault(family, float(severity or 1.5), onset_step=0)
     wl = build_workload(args.gpus, args.distinct, args.step_time, args.microbatches,
-                        args.chunks, args.heartbeats, args.first_step, fault)
+                        args.chunks, args.heartbeats, args.first_step, fault, args.encoding)
     gen_s = time.perf_counter() - g0
     n = Counter(t.topic for t in wl.templates)
     print(f"generated {wl.distinct} distinct steps of {wl.world:,} ranks in {gen_s:.1f} s "
-          f"({n[STEPS]:,} step and {n[HEARTBEATS]:,} heartbeat messages)", file=sys.stderr)
+          f"({n[wl.steps_topic]:,} step and {n[HEARTBEATS]:,} heartbeat messages)",
+          file=sys.stderr)
     out = run(args, wl, steps)
     report(args, wl, steps, out, gen_s, load0)
 

@@ -25,7 +25,6 @@ from pipeline_workload import Workload
 
 from flare.settings import Settings
 from schemas.topics import INPUT_TOPICS as INPUTS
-from schemas.topics import STEPS
 
 
 @dataclass(slots=True)
@@ -140,7 +139,7 @@ def report(args: argparse.Namespace, wl: Workload, steps: int, out: Outcome, gen
     ncpu = os.cpu_count() or 1
     load1 = os.getloadavg()
     index = {t: wl.topic_index(t, steps) for t in INPUTS}
-    step_ts, cum_ops = index[STEPS]
+    step_ts, cum_ops = index[wl.steps_topic]
     ops_per_rank = cum_ops[-1] / len(step_ts)
     sim_step_s = wl.period_ns / wl.distinct / 1e9
     mode = f"paced x{args.speed:g}" if paced else "throughput (pre-loaded backlog)"
@@ -152,7 +151,8 @@ def report(args: argparse.Namespace, wl: Workload, steps: int, out: Outcome, gen
           f"{load1[0]:.2f}/{load1[1]:.2f}/{load1[2]:.2f}")
     hb = "on (agent cadence: 1 Hz samples, keepalive 5 s)" if wl.heartbeats else "off"
     pre = f"; pre-load of {out.published:,} messages {out.publish_s:.1f} s" if not paced else ""
-    print(f"- job: {wl.world:,} ranks, {ops_per_rank:.0f} ops per rank-step, simulated step "
+    print(f"- steps on `{wl.steps_topic}`; job: {wl.world:,} ranks, {ops_per_rank:.0f} ops per "
+          "rank-step, simulated step "
           f"{sim_step_s:.2f} s, {steps} steps (cycling {wl.distinct} simulated steps), "
           f"heartbeats {hb}; generation {gen_s:.1f} s (not measured){pre}")
     wait = (Settings().kafka_fetch_max_wait_ms if args.fetch_max_wait_ms is None
@@ -165,8 +165,9 @@ def report(args: argparse.Namespace, wl: Workload, steps: int, out: Outcome, gen
     a, b = _window(s, paced)
     dt = max(b.t - a.t, 1e-9)
     d_steps = b.reports - a.reports
-    taken = b.taken[STEPS] - a.taken[STEPS]
-    ops = _at(cum_ops, b.taken[STEPS]) - _at(cum_ops, a.taken[STEPS])
+    steps_topic = wl.steps_topic
+    taken = b.taken[steps_topic] - a.taken[steps_topic]
+    ops = _at(cum_ops, b.taken[steps_topic]) - _at(cum_ops, a.taken[steps_topic])
     # simulated seconds taken per wall second, from the rank-step rate (the stream time of
     # the offsets taken moves in steps of a whole step, too coarse for a short window)
     rtf = taken / dt * sim_step_s / wl.world
@@ -247,7 +248,7 @@ def lag_table(samples: list[Sample], wl: Workload, ts: dict[str, np.ndarray],
     lags, times, published = [], [], []
     prev: Sample | None = None
     for s in samples:
-        pub_n, took = s.delivered.get(STEPS, 0), s.taken[STEPS]
+        pub_n, took = s.delivered.get(wl.steps_topic, 0), s.taken[wl.steps_topic]
         lag_msgs = max(0, sum(s.delivered.get(t, 0) for t in INPUTS) - sum(s.taken.values()))
         lag_s = backlog_age_s(s, ts)
         behind = max(0, pub_n // wl.world - s.reports)

@@ -4,7 +4,8 @@ Generation is not what `bench_pipeline.py` measures, and simulating thousands of
 every step would compete with the worker for the CPU. So `distinct` steps are simulated once
 and encoded as byte templates with holes where the step number and every timestamp go; the
 run cycles through them, filling the holes so the worker sees one long job whose steps
-follow each other.
+follow each other. With `encoding="v2"` the steps are `flare.steps.v2` messages, whose step
+and times sit at fixed offsets of their head (`schemas.steps_v2.restamp`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import numpy as np
 import orjson
 
 from producers.simulator import ClusterSimulator, Fault, Scenario, layout_for_gpus
-from schemas.topics import JOBS, STEPS
+from schemas.steps_v2 import encode_steps_value, restamp
+from schemas.topics import JOBS, STEPS, STEPS_V2
 
 _MARK = 7_777_000_000_000_000_000  # > any ns timestamp we emit, < 2**63: a hole in a template
 _HOLE = re.compile(rb"7777000000000000(\d{3})")
@@ -42,6 +44,28 @@ class Template:
             out.append(b"%d" % (base + (step_shift if is_step else time_shift)))
             out.append(part)
         return b"".join(out)
+
+
+@dataclass(slots=True)
+class BinaryTemplate:
+    """One `flare.steps.v2` message, re-stamped with its step and times when rendered."""
+
+    raw: bytes
+    base: tuple[int, int, int]  # step (from the first distinct step), t_start_ns, t_end_ns
+    step: int
+    ts: int
+    n_ops: int
+    topic: str = STEPS_V2
+
+    def render(self, step_shift: int, time_shift: int) -> bytes:
+        step, t0, t1 = self.base
+        return restamp(self.raw, step=step + step_shift, t_start_ns=t0 + time_shift,
+                       t_end_ns=t1 + time_shift)
+
+
+def _binary_template(value: dict[str, Any], ts: int, s0: int) -> BinaryTemplate:
+    return BinaryTemplate(encode_steps_value(value), (value["step"] - s0, value["t_start_ns"],
+                          value["t_end_ns"]), value["step"] - s0, ts, len(value["ops"]["kind"]))
 
 
 def _template(topic: str, value: dict[str, Any], ts: int, s0: int) -> Template:
@@ -78,9 +102,10 @@ class Workload:
     distinct: int
     period_ns: int  # true-time length of one cycle of `distinct` steps
     start: bytes  # the job's start event
-    templates: list[Template]
+    templates: list[Template | BinaryTemplate]
     first_step: int
     heartbeats: bool
+    steps_topic: str = STEPS  # STEPS_V2 when the steps are v2
 
     def cycles(self, steps: int) -> int:
         return -(-steps // self.distinct)
@@ -121,15 +146,16 @@ class Workload:
 
 def build_workload(gpus: int, distinct: int, step_time_s: float, microbatches: int,
                    chunks: int, heartbeats: bool, first_step: int,
-                   fault: Fault | None = None) -> Workload:
+                   fault: Fault | None = None, encoding: str = "v1") -> Workload:
     """Simulate `distinct` + 2 steps, keep steps 1..distinct (step 0 is the job's first);
-    `fault` is in every one of them (an incident stays open once confirmed)."""
+    `fault` is in every one of them (an incident stays open once confirmed); steps as
+    `encoding` ("v1" JSON or "v2" binary)."""
     s0 = 1
     sc = Scenario(job=f"bench-{gpus}-{uuid.uuid4().hex[:6]}", layout=layout_for_gpus(gpus),
                   steps=s0 + distinct + 1, seed=7, microbatches=microbatches, chunks=chunks,
                   step_time_s=step_time_s, heartbeats=heartbeats, fault=fault)
     sim = ClusterSimulator(sc)
-    templates: list[Template] = []
+    templates: list[Template | BinaryTemplate] = []
     first_start: dict[int, int] = {}
     start = b""
     for topic, _key, value, ts in sim.events():
@@ -141,7 +167,8 @@ def build_workload(gpus: int, distinct: int, step_time_s: float, microbatches: i
         if topic == STEPS:
             first_start[s] = min(first_start.get(s, value["t_start_ns"]), value["t_start_ns"])
         if s0 <= s < s0 + distinct:
-            templates.append(_template(topic, value, ts, s0))
+            templates.append(_binary_template(value, ts, s0) if topic == STEPS
+                             and encoding == "v2" else _template(topic, value, ts, s0))
     period = first_start[s0 + distinct] - first_start[s0]
     return Workload(sc.job, sc.layout.world, distinct, period, start, templates, first_step,
-                    heartbeats)
+                    heartbeats, STEPS_V2 if encoding == "v2" else STEPS)

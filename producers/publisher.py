@@ -20,17 +20,21 @@ Delivery failures are counted and surfaced by `flush()`, never dropped silently.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import msgspec
 import orjson
 
 from schemas import topics
+from schemas.decode import decode_steps
+from schemas.errors import InvalidMessage
 from schemas.kafka import KafkaConnection
 from schemas.shard_key import shard_key, shard_partition
+from schemas.steps_v2 import encode_rank_step, encode_steps_value
 
 Message = tuple[str, bytes, bytes]
 """(topic, key, value) of one encoded message, as the node agent queues it."""
@@ -133,6 +137,60 @@ def sharded(publisher: P, shard_ranks: int, *, partitions: int) -> P | ShardingP
     if not shard_ranks:
         return publisher
     return ShardingPublisher(publisher, shard_ranks, partitions=partitions)
+
+
+_NOT_ENCODABLE = (InvalidMessage, KeyError, ValueError, TypeError, OverflowError, struct.error)
+
+
+class BinaryStepsPublisher:
+    """Publishes ranks' step messages as `flare.steps.v2` (`schemas.steps_v2`: binary
+    columns, about a third of the bytes of lz4'd JSON) instead of `flare.steps.v1`; every
+    other message passes unchanged. A step handed over as v1 bytes (the hook's, through the
+    agent) is decoded and re-encoded here, on the node.
+
+    A step it cannot encode (a v1 message the worker would refuse) goes to `flare.steps.v1`
+    as it was given, and is counted in `fallbacks`: the worker dead-letters it with its
+    reason, so nothing is lost and nothing is judged twice."""
+
+    def __init__(self, inner: Publisher) -> None:
+        self.inner = inner
+        self.fallbacks = 0
+
+    def publish(self, topic: str, key: str | bytes, value: bytes | Mapping[str, Any]) -> None:
+        if topic == topics.STEPS:
+            try:
+                value = (encode_rank_step(decode_steps(value)) if isinstance(value, bytes)
+                         else encode_steps_value(value))
+                topic = topics.STEPS_V2
+            except _NOT_ENCODABLE:
+                self.fallbacks += 1
+        self.inner.publish(topic, key, value)
+
+    def flush(self, timeout_s: float = 30.0) -> Any:
+        return self.inner.flush(timeout_s)
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Serve delivery reports, when the inner publisher has them."""
+        poll = getattr(self.inner, "poll", None)
+        if poll is not None:
+            poll(timeout_s)
+
+
+StepsEncoding = Literal["v1", "v2"]
+
+
+def for_steps(publisher: P, *, shard_ranks: int, partitions: int,
+              encoding: StepsEncoding) -> P | ShardingPublisher | BinaryStepsPublisher:
+    """`publisher` as the settings say ranks' steps go: split into shards
+    (`FLARE_SHARD_RANKS`), or as v2 (`FLARE_STEPS_ENCODING`), or as they are.
+
+    ValueError for both: a split job's shards carry v1 values (`flare.shardsteps.v1`)."""
+    if shard_ranks and encoding == "v2":
+        raise ValueError("FLARE_STEPS_ENCODING=v2 does not apply to a job split into shards "
+                         "(FLARE_SHARD_RANKS): flare.shardsteps.v1 carries v1 steps")
+    if encoding == "v2":
+        return BinaryStepsPublisher(publisher)
+    return sharded(publisher, shard_ranks, partitions=partitions)
 
 
 class KafkaProducerLike(Protocol):

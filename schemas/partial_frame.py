@@ -9,9 +9,10 @@ these columns with one `frombuffer` each where JSON costs ~0.13 µs per op
 
 Layout: the magic `FLP1`, the header's length (uint32, little-endian), the header (JSON:
 the job, step, shard, the string tables the codes index, and each column's dtype), then the
-columns, each padded to 8 bytes. Each integer column is stored in the narrowest dtype its
-values fit; an op's start is stored as its distance from the rank's previous op (a rank's
-ops are in start order once assembled), so most columns take 1–4 bytes per op instead of 8.
+columns, each padded to 8 bytes (`schemas.binary_columns`). Each integer column is stored
+in the narrowest dtype its values fit; an op's start is stored as its distance from the
+rank's previous op (a rank's ops are in start order once assembled), so most columns take
+1–4 bytes per op instead of 8.
 Decoding checks everything a merge relies on (lengths, offsets, codes inside their tables)
 and raises `InvalidMessage`, so a corrupt message is dead-lettered, not merged.
 
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
+from schemas.binary_columns import ALIGN, pack_columns, pad, read_columns
 from schemas.errors import InvalidMessage
 from schemas.frame import StepFrame
 from schemas.rankstep import COORD_DIMS, OP_KINDS
@@ -53,7 +55,6 @@ MAGIC = b"FLP1"
 # longer waits for it.
 GONE = 2**63 - 1
 _HEAD = struct.Struct("<4sI")
-_ALIGN = 8
 # Each column: (field of StepFrame, the dtype it has in a frame, stored as a delta per rank).
 _COLUMNS: tuple[tuple[str, str, bool], ...] = (
     ("rank", "int64", False),
@@ -75,7 +76,6 @@ _COLUMNS: tuple[tuple[str, str, bool], ...] = (
     ("stall_name", "int32", False),
     ("stall_ns", "int64", False),
 )
-_NARROW = tuple(np.dtype(t) for t in ("uint8", "int8", "uint16", "int16", "uint32", "int32"))
 
 
 class _Header(msgspec.Struct, frozen=True):
@@ -121,17 +121,6 @@ class PartialFrame:
         return self.watermark_ns if self.watermark_ns != GONE else 0
 
 
-def _narrowest(values: np.ndarray) -> np.dtype:
-    if values.size == 0:
-        return np.dtype("uint8")
-    lo, hi = int(values.min()), int(values.max())
-    for dt in _NARROW:
-        info = np.iinfo(dt)
-        if info.min <= lo and hi <= info.max:
-            return dt
-    return np.dtype("int64")
-
-
 def _rank_deltas(values: np.ndarray, off: np.ndarray) -> np.ndarray:
     """Each value less the previous one of its rank (a rank's first keeps its value)."""
     d = np.empty_like(values)
@@ -156,31 +145,21 @@ def encode_partial(frame: StepFrame, *, shard: int, shard_ranks: int,
                    watermark_ns: int = 0) -> bytes:
     """The bytes of one shard's step (`frame` holds only that shard's ranks; none for a
     watermark alone)."""
-    cols, dtypes, sizes = [], [], []
+    cols = []
     for name, _, delta in _COLUMNS:
         a = np.asarray(getattr(frame, name))
         if delta:
             a = _rank_deltas(a.astype(np.int64, copy=False), frame.off)
-        a = a.ravel()
-        dt = _narrowest(a) if a.dtype.kind in "iu" else a.dtype
-        cols.append(a.astype(dt.newbyteorder("<"), copy=False))
-        dtypes.append(dt.str.lstrip("<|="))
-        sizes.append(int(a.size))
+        cols.append(a)
+    parts, dtypes, sizes = pack_columns(cols)
     header = _encode_header(_Header(
         v=1, job=frame.job, step=frame.step, shard=shard, shard_ranks=shard_ranks,
         watermark_ns=watermark_ns,
         names=list(frame.names), groups=list(frame.groups), nodes=list(frame.nodes),
         dtypes=dtypes, sizes=sizes,
     ))
-    parts = [_HEAD.pack(MAGIC, len(header)), header, _pad(_HEAD.size + len(header))]
-    for c in cols:
-        b = c.tobytes()
-        parts += [b, _pad(len(b))]
-    return b"".join(parts)
-
-
-def _pad(n: int) -> bytes:
-    return b"\0" * (-n % _ALIGN)
+    return b"".join([_HEAD.pack(MAGIC, len(header)), header, pad(_HEAD.size + len(header)),
+                     *parts])
 
 
 def decode_partial(raw: bytes) -> PartialFrame:
@@ -200,28 +179,10 @@ def decode_partial(raw: bytes) -> PartialFrame:
         raise InvalidMessage("$.header.v", f"version {h.v} is not 1")
     if h.shard < 0 or h.shard_ranks < 1:
         raise InvalidMessage("$.header.shard", f"shard {h.shard} of {h.shard_ranks} ranks")
-    if len(h.dtypes) != len(_COLUMNS) or len(h.sizes) != len(_COLUMNS):
-        raise InvalidMessage("$.header", f"{len(h.dtypes)} columns, not {len(_COLUMNS)}")
     pos = _HEAD.size + n_head
-    pos += -pos % _ALIGN
-    spans = []
-    for (name, _, _), dt_name, size in zip(_COLUMNS, h.dtypes, h.sizes, strict=True):
-        try:
-            dt = np.dtype(dt_name).newbyteorder("<")
-        except TypeError:
-            raise InvalidMessage(f"$.{name}", f"unknown dtype {dt_name!r}") from None
-        if dt.kind not in "iu" or size < 0:
-            raise InvalidMessage(f"$.{name}", f"dtype {dt_name!r}, {size} elements")
-        spans.append((pos, dt, size))
-        n = dt.itemsize * size
-        pos += n + (-n % _ALIGN)
-    if pos > len(raw):
-        raise InvalidMessage("$", f"truncated: the columns need {pos} bytes, the message has "
-                                  f"{len(raw)}")
-    cols = {}
-    for (name, dtype, delta), (at, dt, size) in zip(_COLUMNS, spans, strict=True):
-        a = np.frombuffer(raw, dtype=dt, count=size, offset=at)
-        cols[name] = (a, dtype, delta)
+    pos += -pos % ALIGN
+    read = read_columns(raw, pos, h.dtypes, h.sizes, [name for name, _, _ in _COLUMNS])
+    cols = {name: (a, dtype, delta) for (name, dtype, delta), a in zip(_COLUMNS, read, strict=True)}
     return PartialFrame(h.shard, h.shard_ranks, _frame_of(h, cols), h.watermark_ns)
 
 

@@ -53,6 +53,7 @@ from msgspec import UNSET, UnsetType
 
 from schemas.decode import DEFAULT_MAX_BYTES, _check_size, _group_ok, decode_steps
 from schemas.rankstep import KIND_CODE, RankStep
+from schemas.steps_v2 import OpCodes, decode_steps_v2, op_codes
 from schemas.wire import Int64, Name, NonNeg, OpKind, Rank
 
 _I64_MIN = int(np.iinfo(np.int64).min)
@@ -255,6 +256,9 @@ class StepsDecoder:
         self._columns: weakref.WeakValueDictionary[tuple[int, bytes], _Column] = (
             weakref.WeakValueDictionary()
         )
+        # v2 messages: their decoded kind, name and group columns by the columns' bytes and
+        # tables, least recently used first
+        self._v2_ops: OrderedDict[tuple[object, ...], OpCodes] = OrderedDict()
         self.hits = 0  # messages whose kind/name/group matched the rank's last ones
         self.misses = 0
         self.fallbacks = 0  # messages decoded by `decode_steps` (invalid, or unusual)
@@ -278,6 +282,29 @@ class StepsDecoder:
             self.fallbacks += 1
             return decode_steps(raw, self.max_bytes)
         return step
+
+    def decode_v2(self, raw: bytes) -> RankStep:
+        """Decode and validate one `flare.steps.v2` message (`decode_steps_v2`). A rank's
+        kind, name and group columns repeat from step to step: what they decoded to (checked,
+        the kind codes, the name and group tuples) is kept and shared, as v1's are."""
+        return decode_steps_v2(raw, self.max_bytes, coder=self._op_codes_v2)
+
+    def _op_codes_v2(self, kind: np.ndarray, name: np.ndarray, group: np.ndarray,
+                     names: list[str], groups: list[str]) -> OpCodes:
+        # the bytes with their dtypes: the same bytes read as another type are other codes
+        key = (kind.size, kind.dtype.str, name.dtype.str, group.dtype.str, kind.tobytes(),
+               name.tobytes(), group.tobytes(), tuple(names), tuple(groups))
+        cache = self._v2_ops
+        got = cache.get(key)
+        if got is not None:
+            cache.move_to_end(key)
+            self.hits += 1
+            return got
+        self.misses += 1
+        got = cache[key] = op_codes(kind, name, group, names, groups)  # raises when invalid
+        if len(cache) > self.max_ranks:
+            cache.popitem(last=False)
+        return got
 
     def _column(self, slot: int, raw: bytes) -> _Column | None:
         col = self._columns.get((slot, raw))

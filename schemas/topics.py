@@ -8,6 +8,9 @@ topic creation and layout checks live with the Kafka utilities (`streams/kafka/t
 from __future__ import annotations
 
 STEPS = "flare.steps.v1"
+# The same rank-steps as binary columns (`schemas.steps_v2`; issue #17): a producer sends each
+# step on one of the two (`FLARE_STEPS_ENCODING`), the worker reads both.
+STEPS_V2 = "flare.steps.v2"
 HEARTBEATS = "flare.heartbeats.v1"
 JOBS = "flare.jobs.v1"
 INCIDENTS = "flare.incidents.v1"
@@ -18,9 +21,9 @@ DEADLETTER = "flare.deadletter.v1"
 SHARD_STEPS = "flare.shardsteps.v1"
 PARTIALS = "flare.partials.v1"
 
-INPUT_TOPICS: tuple[str, ...] = (STEPS, HEARTBEATS, JOBS, PARTIALS)
+INPUT_TOPICS: tuple[str, ...] = (STEPS, STEPS_V2, HEARTBEATS, JOBS, PARTIALS)
 # merged in event time (streams/ordering.py)
-ORDERED_TOPICS: tuple[str, ...] = (STEPS, JOBS, PARTIALS)
+ORDERED_TOPICS: tuple[str, ...] = (STEPS, STEPS_V2, JOBS, PARTIALS)
 OUTPUT_TOPICS: tuple[str, ...] = (INCIDENTS, DEADLETTER)
 ALL_TOPICS: tuple[str, ...] = INPUT_TOPICS + OUTPUT_TOPICS  # keyed by job, co-partitioned
 STAGE1_TOPICS: tuple[str, ...] = (SHARD_STEPS,)  # keyed by job and shard: a count of its own

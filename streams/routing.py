@@ -30,7 +30,7 @@ from schemas.partial_frame import PartialFrame, decode_partial
 from schemas.rankstep import RankStep
 from schemas.report import DiagnoserOutput
 from schemas.steps_decoder import StepsDecoder
-from schemas.topics import HEARTBEATS, JOBS, PARTIALS, STEPS
+from schemas.topics import HEARTBEATS, JOBS, PARTIALS, STEPS, STEPS_V2
 from schemas.wire import DeadLetterV1, HeartbeatV1, JobV1
 from streams.deadletter import (
     INTERNAL,
@@ -71,6 +71,8 @@ def decode_input(topic: str, value: bytes, steps: StepsDecoder) -> InputMessage:
     """
     if topic == STEPS:
         return steps.decode(value)
+    if topic == STEPS_V2:
+        return steps.decode_v2(value)
     if topic == HEARTBEATS:
         return decode_heartbeat(value, steps.max_bytes)
     if topic == JOBS:

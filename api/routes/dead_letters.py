@@ -13,8 +13,8 @@ from api.problems import responses
 router = APIRouter(prefix="/dead-letters", tags=["dead letters"])
 
 # schemas.topics.CONSUMED_TOPICS: every topic a worker reads, and so may dead-letter from
-InputTopic = Literal["flare.steps.v1", "flare.heartbeats.v1", "flare.jobs.v1",
-                     "flare.partials.v1", "flare.shardsteps.v1"]
+InputTopic = Literal["flare.steps.v1", "flare.steps.v2", "flare.heartbeats.v1",
+                     "flare.jobs.v1", "flare.partials.v1", "flare.shardsteps.v1"]
 
 
 @router.get("", response_model=list[DeadLetter], responses=responses(422, 503))

@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
         from producers.agent.cadence import Cadence
         from producers.agent.server import run_agent
         from producers.agent.topology import TopologyError, load_topology
-        from producers.publisher import KafkaPublisher, Publisher, TeePublisher, sharded
+        from producers.publisher import KafkaPublisher, Publisher, TeePublisher, for_steps
         from producers.recording import RecordingPublisher
         from producers.torch_hook.wire import default_socket_path
 
@@ -97,9 +97,15 @@ def register(app: typer.Typer) -> None:
         else:
             # a split job's steps go to Kafka keyed by shard; the recording keeps them as
             # flare.steps.v1, which `flare diagnose` and `flare replay` read
-            publisher = sharded(KafkaPublisher(settings.kafka_connection(),
-                                               max_message_bytes=settings.max_message_bytes),
-                                settings.shard_ranks, partitions=settings.shard_partitions)
+            try:
+                publisher = for_steps(
+                    KafkaPublisher(settings.kafka_connection(),
+                                   max_message_bytes=settings.max_message_bytes),
+                    shard_ranks=settings.shard_ranks, partitions=settings.shard_partitions,
+                    encoding=settings.steps_encoding)
+            except ValueError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2) from None
             if record is not None:
                 try:
                     copy = open(record, "ab")  # noqa: SIM115 - open for the agent's life

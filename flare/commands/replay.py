@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         from flare.settings import Settings
         from producers.kineto.replay import KinetoError, kineto_to_events
         from producers.live import publish_events
-        from producers.publisher import KafkaPublisher, PublishError, sharded
+        from producers.publisher import KafkaPublisher, PublishError, for_steps
         from producers.recording import RecordingError, recording_events, write_events
         from schemas.topics import STAGE1_TOPICS
         from streams.kafka.topics import TopicError, check_shard_partitions, ensure_topics
@@ -77,14 +77,15 @@ def register(app: typer.Typer) -> None:
                         ensure_topics(conn, settings.shard_partitions, topics=STAGE1_TOPICS),
                         settings.shard_partitions)
             publisher = KafkaPublisher(conn)
-            summary = publish_events(events, sharded(publisher, settings.shard_ranks,
-                                                     partitions=settings.shard_partitions), speed)
+            summary = publish_events(events, for_steps(
+                publisher, shard_ranks=settings.shard_ranks, partitions=settings.shard_partitions,
+                encoding=settings.steps_encoding), speed)
             stats = publisher.flush()
         except RecordingError as exc:
             sent = publisher.flush().delivered if publisher is not None else 0
             typer.echo(f"error: {exc} ({sent} messages before it were published)", err=True)
             raise typer.Exit(2) from None
-        except (BrokerError, TopicError, PublishError) as exc:
+        except (BrokerError, TopicError, PublishError, ValueError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:

@@ -160,7 +160,7 @@ def _publish_live(sim, bootstrap: str, speed: float, console) -> None:  # noqa: 
 
     from flare.settings import Settings
     from producers.live import publish_events
-    from producers.publisher import KafkaPublisher, PublishError
+    from producers.publisher import KafkaPublisher, PublishError, for_steps
     from schemas.topics import JOBS
 
     stopping: list[bool] = []
@@ -168,10 +168,13 @@ def _publish_live(sim, bootstrap: str, speed: float, console) -> None:  # noqa: 
     publisher = None
     summary = None
     try:
-        publisher = KafkaPublisher(Settings().kafka_connection(bootstrap))
+        settings = Settings()
+        publisher = KafkaPublisher(settings.kafka_connection(bootstrap))
         console.print(f"publishing {sim.truth.job} to {bootstrap} (×{speed or 'max'} speed)")
         summary = publish_events(
-            sim.events(), publisher, speed or None, should_stop=lambda: bool(stopping)
+            sim.events(), for_steps(publisher, shard_ranks=0, partitions=1,
+                                    encoding=settings.steps_encoding),
+            speed or None, should_stop=lambda: bool(stopping)
         )
     except KeyboardInterrupt:
         stopping.append(True)

@@ -7,6 +7,7 @@ compared with `flare diagnose` on the same recording.
 from __future__ import annotations
 
 import base64
+import os
 import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,7 +25,7 @@ from producers.publisher import KafkaPublisher
 from producers.recording import message_ts_ns
 from producers.simulator import Fault, Scenario, layout_for_gpus, write_recording
 from schemas.kafka import KafkaConnection
-from schemas.topics import DEADLETTER, INCIDENTS, JOBS, STEPS
+from schemas.topics import DEADLETTER, INCIDENTS, JOBS, STEPS, STEPS_V2
 from schemas.wire import DeadLetterV1, IncidentV1
 from storage.client import connect
 from storage.reader import Queries
@@ -38,9 +39,9 @@ COMPARED = ("id", "job", "status", "kind", "culprit", "onset_step", "opened_step
 
 
 def simulate(path: Path, job: str, *, gpus: int = 32, steps: int = 60, onset: int = 20,
-             seed: int = 3) -> Path:
+             seed: int = 3, step_time_s: float = 0.5) -> Path:
     scenario = Scenario(job=job, layout=layout_for_gpus(gpus), steps=steps, seed=seed,
-                        fault=Fault("slow_gpu", 1.5, onset, None), step_time_s=0.5)
+                        fault=Fault("slow_gpu", 1.5, onset, None), step_time_s=step_time_s)
     write_recording(scenario, path)
     return path
 
@@ -52,9 +53,10 @@ def offline(paths: Iterable[Path]) -> dict[str, IncidentV1]:
     return out
 
 
-def replay(path: Path, bootstrap: str) -> None:
+def replay(path: Path, bootstrap: str, **env: str) -> None:
     result = subprocess.run(flare_argv("replay", str(path), "--bootstrap", bootstrap), cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **env} if env else None)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("published ")
 
@@ -121,15 +123,19 @@ def test_publisher_lands_a_job_where_java_clients_and_faust_would(broker: TansuB
     assert where == {j: (murmur2(j.encode()) & 0x7FFFFFFF) % PARTITIONS for j in jobs}
 
 
+@pytest.mark.parametrize("encoding", ["v1", "v2"])
 def test_a_recording_gives_the_same_incidents_in_clickhouse_the_api_and_the_topic(
-        broker: TansuBroker, start_worker: Callable[..., WorkerProcess], tmp_path: Path) -> None:
-    job = unique("e2e")
+        broker: TansuBroker, start_worker: Callable[..., WorkerProcess], tmp_path: Path,
+        encoding: str) -> None:
+    """Whichever encoding the producer sends its steps in (FLARE_STEPS_ENCODING), the worker
+    finds what `flare diagnose` finds in the recording."""
+    job = unique(f"e2e-{encoding}")
     rec = simulate(tmp_path / "run.jsonl", job)
     want = offline([rec])
     assert want, "the scenario must produce an incident"
 
     worker = start_worker(unique("g-e2e"))
-    replay(rec, broker.bootstrap)
+    replay(rec, broker.bootstrap, FLARE_STEPS_ENCODING=encoding)
 
     on_topic = incidents_from_topic(broker.connection, want)
     assert on_topic.keys() == want.keys()
@@ -143,6 +149,8 @@ def test_a_recording_gives_the_same_incidents_in_clickhouse_the_api_and_the_topi
     wait_for(api_has_them, 30, "the API to serve the incidents")
     stats = worker.stats()
     assert stats["storage_ok"] and stats["incident_events"] >= len(want)
+    read = {tp[:tp.index("[")] for tp in stats["processed"]}  # (other tests' jobs too)
+    assert (STEPS_V2 if encoding == "v2" else STEPS) in read, read
 
     assert worker.stop() == 0, worker.log()[-3000:]
     db = connect(f"chdb:///{worker.chdb_dir.as_posix().lstrip('/')}")

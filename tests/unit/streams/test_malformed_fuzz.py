@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import numpy as np
 import orjson
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -38,9 +39,20 @@ from detectors.diagnoser import JobDiagnoser
 from producers.simulator import ClusterSimulator, Fault, Scenario, layout_for_gpus
 from schemas import InvalidMessage
 from schemas.decode import DEFAULT_MAX_BYTES, decode_steps
+from schemas.rankstep import KIND_CODE
 from schemas.report import StepReport
+from schemas.steps_v2 import HEAD as V2_HEAD
+from schemas.steps_v2 import decode_steps_v2, encode_steps_v2, encode_steps_value
 from schemas.testing import FakeClock
-from schemas.topics import DEADLETTER, HEARTBEATS, INCIDENTS, INPUT_TOPICS, JOBS, STEPS
+from schemas.topics import (
+    DEADLETTER,
+    HEARTBEATS,
+    INCIDENTS,
+    INPUT_TOPICS,
+    JOBS,
+    STEPS,
+    STEPS_V2,
+)
 from schemas.wire import MAX_RANKS, DeadLetterV1, IncidentV1
 from storage.testing import MemoryStore
 from streams.deadletter import MAX_PAYLOAD_BYTES
@@ -552,6 +564,75 @@ def wrong_topic(draw: st.DrawFn, t: Templates, max_bytes: int) -> Malformed:
     return Malformed("wrong_topic", other, t.job.encode(), dumps(m), "$")
 
 
+@st.composite
+def binary_steps(draw: st.DrawFn, t: Templates, max_bytes: int) -> Malformed:
+    """`flare.steps.v2` messages broken where the worker must look: cut anywhere, another
+    magic, head fields out of range, codes outside their tables, a group of no kind, a
+    collective without a group, negative ops, columns of other lengths."""
+    m = t.steps
+    ops = m["ops"]
+    n = len(ops["kind"])
+    i = draw(st.integers(0, n - 1))
+    what = draw(st.sampled_from(["cut", "magic", "rank", "step", "local_rank", "t_end_ns",
+                                 "kind", "group", "group_name", "no_group", "dur_ns",
+                                 "start_ns", "bytes", "length"]))
+    if what == "cut":
+        raw = encode_steps_value(m)
+        cut = draw(st.integers(0, len(raw) - 1))
+        n_head = V2_HEAD.unpack_from(raw)[1]
+        inside = V2_HEAD.size <= cut < V2_HEAD.size + n_head
+        return Malformed("binary_steps", STEPS_V2, t.job.encode(), raw[:cut],
+                         "$.header" if inside else "$")
+    if what == "magic":
+        raw = encode_steps_value(m)
+        return Malformed("binary_steps", STEPS_V2, t.job.encode(),
+                         draw(st.binary(min_size=4, max_size=4).filter(lambda b: b != b"FLS2"))
+                         + raw[4:], "$")
+    if what in ("rank", "step", "local_rank", "t_end_ns"):
+        bad = {"rank": draw(st.one_of(st.integers(-(2**31), -1),
+                                      st.integers(MAX_RANKS, 2**31 - 1))),
+               "step": draw(st.integers(-(2**63), -1)),
+               "local_rank": draw(st.integers(-(2**31), -1)),
+               "t_end_ns": m["t_start_ns"] - draw(st.integers(1, 2**40))}[what]
+        return Malformed("binary_steps", STEPS_V2, t.job.encode(), encode_steps_v2(
+            **_v2_fields(m, **{what: bad})), f"$.{what}")
+    if what == "kind":
+        kinds = np.array([KIND_CODE[k] for k in ops["kind"]])
+        kinds[i] = draw(st.integers(3, 255))
+        return Malformed("binary_steps", STEPS_V2, t.job.encode(), encode_steps_v2(
+            **_v2_fields(m, kind=kinds)), "$.ops.kind")
+    if what in ("group", "group_name", "no_group"):
+        colls = [j for j, k in enumerate(ops["kind"]) if k != "compute"]
+        j = draw(st.sampled_from(colls))
+        groups = list(ops["group"])
+        groups[j] = {"group": draw(st.sampled_from(["", "tp", "xx.1", ".1", "dp."])),
+                     "group_name": draw(st.sampled_from(["tp", "xx.1", ".1", "dp."])),
+                     "no_group": ""}[what]
+        cause = "$.ops.group" if groups[j] == "" else "$.header.groups"
+        return Malformed("binary_steps", STEPS_V2, t.job.encode(), encode_steps_v2(
+            **_v2_fields(m, group=groups)), cause)
+    if what in ("dur_ns", "start_ns", "bytes"):
+        col = list(ops[what])
+        col[i] = -draw(st.integers(1, 2**40))
+        return Malformed("binary_steps", STEPS_V2, t.job.encode(), encode_steps_v2(
+            **_v2_fields(m, **{what: col})), path_cause("ops", what))
+    field = draw(st.sampled_from(["name", "group", "seq", "start_ns", "dur_ns", "bytes"]))
+    col = list(ops[field])
+    col = col[:-1] if draw(st.booleans()) else col + col[-1:]
+    return Malformed("binary_steps", STEPS_V2, t.job.encode(), encode_steps_v2(
+        **_v2_fields(m, **{field: col})), path_cause("ops", field))
+
+
+def _v2_fields(m: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """`encode_steps_v2`'s arguments for the v1 object `m`, some of them changed."""
+    ops = m["ops"]
+    fields = {k: m[k] for k in ("job", "rank", "node", "step", "t_start_ns", "t_end_ns")}
+    fields.update({k: ops[k] for k in ("kind", "name", "group", "seq", "start_ns", "dur_ns",
+                                       "bytes")})
+    fields.update(local_rank=m.get("local_rank", 0), coords=m.get("coords"))
+    return {**fields, **changes}
+
+
 def _sized(raw: bytes, cause: str, max_bytes: int) -> str:
     return "$" if len(raw) > max_bytes else cause
 
@@ -619,6 +700,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
     FamilySpec("invalid_utf8", invalid_utf8, 400),
     FamilySpec("garbage", garbage, 500),
     FamilySpec("wrong_topic", wrong_topic, 148),
+    FamilySpec("binary_steps", binary_steps, 1000),
     FamilySpec("huge_arrays", huge_arrays, 12, per_example=1),
     FamilySpec("ten_mb_values", ten_mb_values, 6, per_example=1),
 )
@@ -660,10 +742,12 @@ def check_alone(t: Templates, max_bytes: int) -> Callable[[Malformed], None]:
     """The check of one message through the router of a worker that has already seen the
     job's ranks (the steps decoder's cache is warm, as in a live worker)."""
     warm = dumps(t.steps)
+    warm_v2 = encode_steps_value(t.steps)
 
     def check(case: Malformed) -> None:
         router = JobRouter(JobDiagnoser, max_message_bytes=max_bytes, now_ns=lambda: 0)
         router.steps_decoder.decode(warm)
+        router.steps_decoder.decode_v2(warm_v2)
         got = router.decode(case.topic, 0, 7, case.key, case.value)
         assert isinstance(got, Routed) and got.dead_letter is not None, case
         reason = got.dead_letter.reason
@@ -673,6 +757,10 @@ def check_alone(t: Templates, max_bytes: int) -> Callable[[Malformed], None]:
         if case.topic == STEPS and case.value is not None and case.cause != "$key":
             with pytest.raises(InvalidMessage) as plain:  # the cached decoder agrees exactly
                 decode_steps(case.value, max_bytes)
+            assert reason.startswith(f"{plain.value.field}: {plain.value.reason}"), case
+        if case.topic == STEPS_V2 and case.value is not None and case.cause != "$key":
+            with pytest.raises(InvalidMessage) as plain:  # the cached decoder agrees exactly
+                decode_steps_v2(case.value, max_bytes)
             assert reason.startswith(f"{plain.value.field}: {plain.value.reason}"), case
 
     return check

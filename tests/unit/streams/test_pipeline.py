@@ -19,8 +19,17 @@ import pytest
 from detectors.diagnoser import JobDiagnoser
 from flare.offline import diagnose_messages
 from producers.simulator import ClusterSimulator, Fault, Scenario, layout_for_gpus
+from schemas.steps_v2 import encode_steps_value
 from schemas.testing import FakeClock
-from schemas.topics import DEADLETTER, HEARTBEATS, INCIDENTS, INPUT_TOPICS, JOBS, STEPS
+from schemas.topics import (
+    DEADLETTER,
+    HEARTBEATS,
+    INCIDENTS,
+    INPUT_TOPICS,
+    JOBS,
+    STEPS,
+    STEPS_V2,
+)
 from schemas.wire import DeadLetterV1, IncidentV1
 from storage.testing import MemoryStore
 from streams.ordering import EventTimeMerger
@@ -63,12 +72,13 @@ def as_records(recording: list[tuple[str, str, bytes]], partition: int = 0) -> d
 def interleaved(per_topic: dict[str, list[Record]], sizes: dict[str, int]) -> list[list[Record]]:
     """Batches as a lagging consumer sees them: whole chunks of one topic, round robin,
     the job's `end` event first of all."""
-    iters = {t: iter(per_topic.get(t, [])) for t in (JOBS, HEARTBEATS, STEPS)}
+    order = (JOBS, HEARTBEATS, STEPS, STEPS_V2)
+    iters = {t: iter(per_topic.get(t, [])) for t in order}
     batches: list[list[Record]] = []
     while True:
         progressed = False
-        for t in (JOBS, HEARTBEATS, STEPS):
-            chunk = list(itertools.islice(iters[t], sizes[t]))
+        for t in order:
+            chunk = list(itertools.islice(iters[t], sizes.get(t, sizes.get(STEPS, 1))))
             if chunk:
                 batches.append(chunk)
                 progressed = True
@@ -84,13 +94,18 @@ def final_states(messages: list[bytes]) -> dict[str, IncidentV1]:
     return out
 
 
+@pytest.mark.parametrize("encoding", ["v1", "v2"])
 @pytest.mark.parametrize("release_max", [BATCH_MAX, 40])
 def test_worker_incidents_equal_offline_diagnosis_whatever_the_interleaving(
-        recording: list[tuple[str, str, bytes]], release_max: int) -> None:
+        recording: list[tuple[str, str, bytes]], release_max: int, encoding: str) -> None:
     """With the worker's bound on what one call releases, too: what a call leaves held is
-    released by the calls after it (`on_held`, as the worker loops), in the same order."""
+    released by the calls after it (`on_held`, as the worker loops), in the same order. The
+    steps as v2 (`flare.steps.v2`) give what the v1 recording gives offline."""
     offline = diagnose_messages((t, raw) for t, _k, raw in recording)
     assert offline.incidents, "the scenario must produce an incident to compare"
+    if encoding == "v2":
+        recording = [(STEPS_V2, k, encode_steps_value(orjson.loads(raw))) if t == STEPS
+                     else (t, k, raw) for t, k, raw in recording]
 
     sink, clock = MemoryStore(), FakeClock()
     pipe = make_pipeline(sink, clock)

@@ -19,8 +19,9 @@ from schemas.clock import NS_PER_S
 from schemas.rankstep import RankStep
 from schemas.report import DiagnoserOutput
 from schemas.steps_decoder import StepsDecoder
+from schemas.steps_v2 import encode_steps_value
 from schemas.testing import FakeClock
-from schemas.topics import HEARTBEATS, INCIDENTS, JOBS, STEPS
+from schemas.topics import HEARTBEATS, INCIDENTS, JOBS, STEPS, STEPS_V2
 from schemas.wire import HeartbeatV1, JobV1
 from streams.routing import JobRouter, decode_input
 
@@ -35,6 +36,10 @@ def step_msg(job: str = "j1", rank: int = 0, step: int = 0, t_end: int = T0 + S)
         "ops": {"kind": ["compute"], "name": ["fwd"], "group": [""], "seq": [0],
                 "start_ns": [0], "dur_ns": [S], "bytes": [0]},
     })
+
+
+def step_msg_v2(job: str = "j1", rank: int = 0, step: int = 0, t_end: int = T0 + S) -> bytes:
+    return encode_steps_value(orjson.loads(step_msg(job, rank, step, t_end)))
 
 
 def hb_msg(job: str = "j1", ts: int = T0) -> bytes:
@@ -104,6 +109,10 @@ BAD: list[tuple[str, bytes | None, bytes | None, str, str]] = [
      "needs world_size"),
     (STEPS, b"other", step_msg("j1"), "$key", "is not the job id 'j1'"),
     (INCIDENTS, b"j1", b"{}", "$topic", "not an input topic"),
+    (STEPS_V2, b"j1", step_msg_v2()[:-1], "$", "truncated"),
+    (STEPS_V2, b"j1", step_msg(), "$", "not a v2 steps message"),
+    (STEPS_V2, b"j1", step_msg_v2() + b"\0" * 10_000, "$", "exceeds the 10000-byte limit"),
+    (STEPS_V2, b"other", step_msg_v2("j1"), "$key", "is not the job id 'j1'"),
 ]
 
 
@@ -204,6 +213,16 @@ def _fake() -> Any:
     for name in ("on_steps", "on_heartbeat", "on_job", "tick", "flush"):
         getattr(fake, name).return_value = DiagnoserOutput()
     return fake
+
+
+def test_a_v2_step_reaches_its_diagnoser_as_the_same_step_as_v1(
+        router: JobRouter, made: dict[str, Any]) -> None:
+    assert router.handle(STEPS, 0, 0, b"j1", step_msg(rank=0)).dead_letter is None
+    assert router.handle(STEPS_V2, 0, 0, b"j1", step_msg_v2(rank=1)).dead_letter is None
+    v1, v2 = (c.args[0] for c in made["j1"].on_steps.call_args_list)
+    assert isinstance(v2, RankStep) and v2.rank == 1
+    assert (list(v1.name), v1.dur_ns.tolist(), v1.t_end_ns) == (
+        list(v2.name), v2.dur_ns.tolist(), v2.t_end_ns)
 
 
 def test_heartbeats_and_job_events_get_the_steps_decoders_size_limit() -> None:
