@@ -90,13 +90,31 @@ class _RankOf(msgspec.Struct):
 _rank_of = msgspec.json.Decoder(_RankOf).decode
 
 
-class ShardingPublisher:
+class _Wrapping:
+    """A publisher that changes some messages and hands every one to `inner`: flushing and
+    delivery reports are the inner publisher's."""
+
+    inner: Publisher
+
+    def flush(self, timeout_s: float = 30.0) -> Any:
+        return self.inner.flush(timeout_s)
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Serve delivery reports, when the inner publisher has them."""
+        poll = getattr(self.inner, "poll", None)
+        if poll is not None:
+            poll(timeout_s)
+
+
+class ShardingPublisher(_Wrapping):
     """Publishes ranks' step messages for a job split across workers (issue #17): each goes
     to `flare.shardsteps.v1` keyed `<job>/<shard>` (`schemas.shard_key`) instead of
     `flare.steps.v1` keyed by job, on the shard's own partition of the topic's `partitions`
     (`shard_partition`: a job's shards spread evenly, so stage-1 workers share them
     evenly); heartbeats and job events pass unchanged, since stage 2 (the job's worker) reads
     them. A value handed over as bytes is read for its rank."""
+
+    inner: PlacingPublisher
 
     def __init__(self, inner: PlacingPublisher, shard_ranks: int, *, partitions: int) -> None:
         if shard_ranks < 1:
@@ -118,14 +136,6 @@ class ShardingPublisher:
                            shard_key(job, rank=rank, shard_ranks=self.shard_ranks), value,
                            partition=shard_partition(job, shard, partitions=self.partitions))
 
-    def flush(self, timeout_s: float = 30.0) -> Any:
-        return self.inner.flush(timeout_s)
-
-    def poll(self, timeout_s: float = 0.0) -> None:
-        """Serve delivery reports, when the inner publisher has them."""
-        poll = getattr(self.inner, "poll", None)
-        if poll is not None:
-            poll(timeout_s)
 
 
 P = TypeVar("P", bound=PlacingPublisher)
@@ -142,7 +152,7 @@ def sharded(publisher: P, shard_ranks: int, *, partitions: int) -> P | ShardingP
 _NOT_ENCODABLE = (InvalidMessage, KeyError, ValueError, TypeError, OverflowError, struct.error)
 
 
-class BinaryStepsPublisher:
+class BinaryStepsPublisher(_Wrapping):
     """Publishes ranks' step messages as `flare.steps.v2` (`schemas.steps_v2`: binary
     columns, about a third of the bytes of lz4'd JSON) instead of `flare.steps.v1`; every
     other message passes unchanged. A step handed over as v1 bytes (the hook's, through the
@@ -166,14 +176,6 @@ class BinaryStepsPublisher:
                 self.fallbacks += 1
         self.inner.publish(topic, key, value)
 
-    def flush(self, timeout_s: float = 30.0) -> Any:
-        return self.inner.flush(timeout_s)
-
-    def poll(self, timeout_s: float = 0.0) -> None:
-        """Serve delivery reports, when the inner publisher has them."""
-        poll = getattr(self.inner, "poll", None)
-        if poll is not None:
-            poll(timeout_s)
 
 
 StepsEncoding = Literal["v1", "v2"]

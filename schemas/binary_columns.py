@@ -68,8 +68,9 @@ def read_columns(raw: bytes, pos: int, dtypes: Sequence[str], sizes: Sequence[in
                  names: Sequence[str]) -> list[np.ndarray]:
     """The columns stored from `pos` (a multiple of 8) on, as read-only views of `raw`.
 
-    InvalidMessage (`$.<name>`) for a dtype that is not an integer's, a negative size, or
-    columns that run past the end of `raw`."""
+    InvalidMessage (`$.<name>`) for a dtype that is not an integer's (or is uint64, which
+    int64 cannot hold and `pack_columns` never writes), a negative size, or columns that run
+    past the end of `raw`."""
     if len(dtypes) != len(names) or len(sizes) != len(names):
         raise InvalidMessage("$.header", f"{len(dtypes)} columns, not {len(names)}")
     spans = []
@@ -78,7 +79,7 @@ def read_columns(raw: bytes, pos: int, dtypes: Sequence[str], sizes: Sequence[in
             dt = np.dtype(dt_name).newbyteorder("<")
         except TypeError:
             raise InvalidMessage(f"$.{name}", f"unknown dtype {dt_name!r}") from None
-        if dt.kind not in "iu" or size < 0:
+        if dt.kind not in "iu" or (dt.kind == "u" and dt.itemsize == 8) or size < 0:
             raise InvalidMessage(f"$.{name}", f"dtype {dt_name!r}, {size} elements")
         spans.append((pos, dt, size))
         n = dt.itemsize * size

@@ -77,7 +77,7 @@ class OpCodes(NamedTuple):
 Coder = Callable[[np.ndarray, np.ndarray, np.ndarray, list[str], list[str]], OpCodes]
 
 
-class _Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _Header(msgspec.Struct, frozen=True):  # unknown keys ignored: additive within v2
     job: Name
     node: Name
     names: list[str]

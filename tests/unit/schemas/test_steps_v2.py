@@ -159,6 +159,8 @@ def _set(raw: bytes, column: int, index: int, value: int) -> bytes:
     (lambda raw: _with_head(raw, n_head=10**6), "$.header"),
     (lambda raw: _with_header(raw, job=""), "$.header"),
     (lambda raw: _with_header(raw, dtypes=["f8"] * 8), "$.ops.kind"),
+    (lambda raw: _with_header(raw, dtypes=["u1", "u1", "u1", "u1", "u1", "u8", "u1", "u1"]),
+     "$.ops.dur_ns"),
     (lambda raw: _with_header(raw, dtypes=["u1"] * 7), "$.header"),
     (lambda raw: _with_header(raw, sizes=[3, 3, 2, 3, 3, 3, 3, 0]), "$.ops.group"),
     (lambda raw: _base(issue_ns=[0, 1]), "$.ops.issue_ns"),
@@ -172,6 +174,7 @@ def _set(raw: bytes, column: int, index: int, value: int) -> bytes:
     (lambda raw: _base(bytes=[-4, 0, 0]), "$.ops.bytes[0]"),
 ], ids=["short", "magic", "truncated", "rank<0", "rank-too-big", "step<0", "local-rank<0",
         "ends-before-start", "header-json", "header-length", "empty-job", "float-column",
+        "uint64-column",
         "seven-columns", "lengths", "issue-length", "issue<-1", "bad-group", "name-code",
         "kind-code", "coll-without-group", "negative-duration", "negative-start", "negative-bytes"])
 def test_each_malformation_is_refused_with_the_field_at_fault(mangle, field):
