@@ -329,10 +329,16 @@ def network_suspects(
     # in a job of two nodes, for every transfer across them (the only link there is)
     p2p = (inst.kind[idx] == P2P) | single
     if p2p.any():
+        # each instance's lowest and highest node, from its (instance, node) pairs, which
+        # are sorted: the first and last of each instance's run (ufunc.at over every copy
+        # was 4% of a 16,384-GPU worker)
         lo = np.full(idx.size, n_nodes)
         hi = np.full(idx.size, -1)
-        np.minimum.at(lo, c_pos, c_node)
-        np.maximum.at(hi, c_pos, c_node)
+        if pair.size:
+            starts = np.r_[True, p_inst[1:] != p_inst[:-1]]
+            ends = np.r_[starts[1:], True]
+            lo[p_inst[starts]] = p_node[starts]
+            hi[p_inst[ends]] = p_node[ends]
         two = np.flatnonzero(p2p & (lo != hi) & (hi >= 0))
         keys, link_of = np.unique(lo[two] * n_nodes + hi[two], return_inverse=True)
         base = len(ent_names)
