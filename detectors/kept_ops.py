@@ -53,7 +53,7 @@ def kept_frame(frame: StepFrame, named: Sequence[str], max_ops: int) -> StepFram
             pick = rest[np.unique(np.linspace(0, rest.size - 1, k).round().astype(np.int64))]
             fits = np.cumsum(per_rank[pick]) <= budget
             chosen[pick[fits]] = True
-    return _ranks_of(frame, np.flatnonzero(chosen))
+    return _ranks_of(frame, chosen)
 
 
 def _named_nodes(frame: StepFrame, named: Sequence[str]) -> np.ndarray:
@@ -70,14 +70,15 @@ def _named_nodes(frame: StepFrame, named: Sequence[str]) -> np.ndarray:
     return np.flatnonzero(np.isin(frame.node, list(node_codes)))
 
 
-def _ranks_of(frame: StepFrame, keep: np.ndarray) -> StepFrame:
-    """The frame of ranks `keep` (ascending rank indices): their rows, ops and stalls."""
+def _ranks_of(frame: StepFrame, chosen: np.ndarray) -> StepFrame:
+    """The frame of the ranks `chosen` (a mask over the rank rows): their rows, ops and
+    stalls."""
     per_rank = np.diff(frame.off)
-    op_rows = np.repeat(np.isin(np.arange(frame.n_ranks), keep), per_rank)
+    keep = np.flatnonzero(chosen)
+    op_rows = np.repeat(chosen, per_rank)
     new_index = np.full(frame.n_ranks, -1, dtype=np.int64)
     new_index[keep] = np.arange(keep.size)
-    stall = new_index[frame.stall_rank] >= 0 if frame.stall_rank.size else \
-        np.zeros(0, dtype=bool)
+    stall = new_index[frame.stall_rank] >= 0
     return StepFrame(
         job=frame.job, step=frame.step, rank=frame.rank[keep], node=frame.node[keep],
         nodes=frame.nodes, local_rank=frame.local_rank[keep], coords=frame.coords[keep],
